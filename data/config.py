@@ -1,0 +1,49 @@
+"""Config of the robot dataset (the `dataset` section)."""
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+
+@dataclass
+class SyntheticConfig:
+    """The generated dataset of the default recipe (written in LeRobot v3.0 layout)."""
+    num_episodes: int = 24
+    episode_length: int = 80
+    fps: int = 30
+    image_height: int = 48
+    image_width: int = 64
+
+
+@dataclass
+class DatasetConfig:
+    type: str = "synthetic"
+    """lerobot, robotwin, synthetic or latent_action."""
+    dataset_dir: Any = "assets/synthetic"
+    """A folder, or a list of folders to mix (see `weights`)."""
+    weights: Optional[List[float]] = None
+    """Sampling weight of each folder in `dataset_dir`; null: proportional to size."""
+    image_keys: Optional[List[str]] = None
+    """Camera features to use; null: every camera feature in meta/info.json."""
+    state_key: str = "observation.state"
+    action_key: str = "action"
+    instruction: Optional[str] = None
+    """Instruction used when the dataset has no tasks."""
+    val_episodes: Optional[List[int]] = None
+    """Episode indices held out for validation; null: the last `val_fraction` of episodes."""
+    val_fraction: float = 0.1
+    normalization: str = "mean_std"
+    """mean_std, min_max, quantile or none."""
+    stats_path: Optional[str] = None
+    """JSON from `python -m data.compute_stats`; null: computed from the dataset at start."""
+    cache_dir: Optional[str] = None
+    """Latent/text-embedding cache from `python -m data.build_cache`; null: encode online."""
+    skip_bad_samples: bool = False
+    """Skip (and count) unreadable samples instead of failing."""
+    max_episodes: Optional[int] = None
+    """Use only the first N episodes of each folder (debugging)."""
+    data_mode: str = "both"
+    """robotwin: clean, randomized or both."""
+    task_mode: str = "multi"
+    """robotwin: single or multi."""
+    task_name: Optional[str] = None
+    """robotwin: the task in single mode."""
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)

@@ -1,0 +1,95 @@
+"""Config of the world model (the `model` section of the YAML).
+
+Architecture sizes come from the named size table in `models/sizes.py`
+(`model.size`); the fields here are what a recipe changes on top of a size.
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class WanConfig:
+    """The video expert (diffusers `WanTransformer3DModel`), its VAE and text encoder."""
+    checkpoint_path: Optional[str] = None
+    """Local diffusers folder of the Wan2.2 transformer. null: random init from the size table."""
+    vae_path: Optional[str] = None
+    """Local diffusers folder of `AutoencoderKLWan`. null: random init (tiny sizes only)."""
+    text_encoder_path: Optional[str] = None
+    """Local folder holding `UMT5EncoderModel` weights and its tokenizer (umT5-XXL at full size)."""
+
+
+@dataclass
+class VLMConfig:
+    """The frozen understanding backbone (transformers `Qwen3VLForConditionalGeneration`)."""
+    checkpoint_path: Optional[str] = None
+    """Local transformers folder with the model and its processor."""
+
+
+@dataclass
+class VLMAdapterConfig:
+    input_dim: int = 2048
+    """Width of the VLM's last hidden states."""
+    projector_type: str = "mlp3x_silu"
+    """Adapter from VLM features to the understanding expert's width."""
+
+
+@dataclass
+class ActionExpertConfig:
+    hidden_size: Optional[int] = None
+    """Width of the action expert; null: the size table's."""
+    ffn_dim_multiplier: int = 4
+    norm_eps: float = 1e-5
+    num_registers: int = 4
+    """Learned register tokens appended in fine-tune mode."""
+
+
+@dataclass
+class UndExpertConfig:
+    hidden_size: Optional[int] = None
+    """Width of the understanding expert; null: the size table's."""
+    ffn_dim_multiplier: int = 4
+    norm_eps: float = 1e-5
+    vlm: VLMAdapterConfig = field(default_factory=VLMAdapterConfig)
+
+
+@dataclass
+class TimeDistributionConfig:
+    """How the flow-matching noise level s in [0, 1] is drawn for each sample and stream."""
+    timestep_sample_method: str = "logit_normal"
+    """logit_normal: s = sigmoid(sigmoid_scale * N(0,1)); uniform: Motus's discrete shifted schedule."""
+    sigmoid_scale: float = 1.0
+    min_t: float = 0.0
+    """Samples are clamped into [min_t, max_t]."""
+    max_t: float = 1.0
+    shift: float = 1.0
+    """Timestep shift s' = shift * s / (1 + (shift - 1) * s); 1.0 leaves s unchanged."""
+
+
+@dataclass
+class InferenceConfig:
+    num_inference_timesteps: int = 10
+
+
+@dataclass
+class LossWeightsConfig:
+    video_loss_weight: float = 1.0
+    action_loss_weight: float = 1.0
+
+
+@dataclass
+class ModelConfig:
+    size: str = "tiny"
+    """A name from the size table: tiny, small or motus."""
+    mode: str = "finetune"
+    """finetune: action tokens are [state | chunk | registers]; pretrain: the chunk alone."""
+    precision: str = "fp32"
+    """fp32, bf16_mixed (weights in bf16) or fp32_mixed (fp32 weights, bf16 autocast)."""
+    gradient_checkpointing: bool = False
+    """Recompute video and action expert blocks in the backward pass."""
+    wan: WanConfig = field(default_factory=WanConfig)
+    vlm: VLMConfig = field(default_factory=VLMConfig)
+    action_expert: ActionExpertConfig = field(default_factory=ActionExpertConfig)
+    und_expert: UndExpertConfig = field(default_factory=UndExpertConfig)
+    time_distribution: TimeDistributionConfig = field(default_factory=TimeDistributionConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    loss_weights: LossWeightsConfig = field(default_factory=LossWeightsConfig)

@@ -1,0 +1,30 @@
+"""Config of the Muon half of MuonAdamW (the `training.muon` section)."""
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class MuonConfig:
+    momentum: float = 0.95
+    """EMA momentum mu of the Muon buffer."""
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_coefficients: List[float] = field(default_factory=lambda: [3.4445, -4.7750, 2.0315])
+    ns_dtype: str = "bfloat16"
+    """Newton-Schulz dtype: bfloat16 (as torch.optim.Muon) or float32."""
+    ns_method: str = "standard"
+    """standard (matches torch.optim.Muon) or gram (fewer flops on rectangular matrices)."""
+    adjust_lr_fn: str = "match_rms_adamw"
+    """match_rms_adamw: lr * 0.2 * sqrt(max(A, B)); original: lr * sqrt(max(1, A / B))."""
+    muon_lr_scale: float = 1.0
+    routing: str = "all_hidden"
+    """all_hidden: every trainable >=2-D tensor not excluded; action_expert_only: OpenDM's rule."""
+    include: Optional[List[str]] = None
+    """Extra regex patterns of parameter names forced to Muon (on top of the preset)."""
+    exclude: Optional[List[str]] = None
+    """Regex patterns of parameter names sent to AdamW; null: the preset's defaults."""
+    moe_num_experts: int = 1
+    """MoE expert matrices get lr * sqrt(moe_num_experts / moe_top_k); 1 disables."""
+    moe_top_k: int = 1
+    moe_expert_pattern: str = r"(^|\.)experts?\."
+    """Regex of the parameter names that are MoE expert matrices (used when moe_num_experts > 1)."""

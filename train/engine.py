@@ -1,0 +1,171 @@
+"""One interface over the two ways a step runs: a DeepSpeed engine (ZeRO-0/1/2) or DDP.
+
+accelerate starts the process group (gloo on CPU, NCCL on GPU) and wraps the model;
+this module owns the micro-step / optimizer-step split so that gradient
+accumulation, clipping and the lr schedule behave the same in both.
+"""
+import contextlib
+import json
+import os
+from datetime import timedelta
+
+import torch
+
+# YAML-owned DeepSpeed fields: the JSON says "auto" (or repeats the YAML's value).
+AUTO_FIELDS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+               "train_batch_size")
+
+
+def load_deepspeed_config(path, cfg, world_size):
+    """Read a ZeRO JSON and fill its "auto" fields from the config; reject contradictions."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"DeepSpeed config '{path}' does not exist (try configs/zero1.json "
+                                "or configs/zero2.json, or leave --deepspeed out to train with DDP)")
+    try:
+        with open(path) as f:
+            ds = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"DeepSpeed config '{path}' is not valid JSON: {e}") from None
+    for key in ("optimizer", "scheduler"):
+        if key in ds:
+            raise ValueError(f"{path}: remove the '{key}' section: the optimizer and lr schedule come from "
+                             "the YAML (training.optimizer, training.scheduler_type); a DeepSpeed optimizer "
+                             "would replace MuonAdamW")
+    t = cfg.training
+    owned = {
+        "train_micro_batch_size_per_gpu": t.batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "gradient_clipping": float(t.grad_clip_norm),
+        "train_batch_size": t.batch_size * t.gradient_accumulation_steps * world_size,
+    }
+    yaml_key = {"train_micro_batch_size_per_gpu": "training.batch_size",
+                "gradient_accumulation_steps": "training.gradient_accumulation_steps",
+                "gradient_clipping": "training.grad_clip_norm",
+                "train_batch_size": "training.batch_size * gradient_accumulation_steps * world size"}
+    for key, value in owned.items():
+        given = ds.get(key, "auto")
+        if given != "auto" and float(given) != float(value):
+            raise ValueError(f"{path}: '{key}' is {given} but the YAML gives {value} ({yaml_key[key]}); "
+                             f"set it to \"auto\" so the YAML decides")
+        ds[key] = value
+    bf16 = cfg.model.precision == "bf16_mixed"
+    given = ds.get("bf16", {}).get("enabled", "auto")
+    if given != "auto" and bool(given) != bf16:
+        raise ValueError(f"{path}: 'bf16.enabled' is {given} but model.precision is "
+                         f"{cfg.model.precision}; set it to \"auto\"")
+    ds["bf16"] = {**ds.get("bf16", {}), "enabled": bf16}
+    stage = ds.get("zero_optimization", {}).get("stage", 0)
+    if stage not in (0, 1, 2):
+        raise ValueError(f"{path}: zero_optimization.stage is {stage}; this recipe supports ZeRO 0, 1 and 2")
+    ds.setdefault("steps_per_print", 10**9)  # our own metrics log; keep DeepSpeed quiet
+    return ds
+
+
+def make_accelerator(ds_config, timeout_minutes):
+    from accelerate import Accelerator, DeepSpeedPlugin
+    from accelerate.utils import InitProcessGroupKwargs
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # cpu=True would silently drop DeepSpeed; the backend choice is what makes CPU work.
+    return Accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config) if ds_config else None,
+        kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=timedelta(minutes=timeout_minutes))],
+    )
+
+
+class Engine:
+    """Runs micro-steps and optimizer steps; saves and loads model + optimizer state."""
+
+    def __init__(self, accelerator, model, optimizer, cfg):
+        self.accelerator = accelerator
+        self.cfg = cfg
+        self.grad_accum = cfg.training.gradient_accumulation_steps
+        self.clip = cfg.training.grad_clip_norm
+        self.deepspeed = accelerator.state.deepspeed_plugin is not None
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        if self.deepspeed:
+            self.ds = self.model  # the DeepSpeedEngine
+            base = self.ds.optimizer.optimizer if hasattr(self.ds.optimizer, "optimizer") else self.ds.optimizer
+            self.base_optimizer = base
+        else:
+            self.base_optimizer = optimizer
+        if hasattr(self.base_optimizer, "attach") and self.deepspeed:
+            self.base_optimizer.attach(self.ds)
+        self._autocast = cfg.model.precision == "fp32_mixed"
+
+    @property
+    def device(self):
+        return self.accelerator.device
+
+    @property
+    def param_groups(self):
+        """The param groups whose lr the schedule sets (those the update reads)."""
+        return self.base_optimizer.param_groups
+
+    def unwrapped_model(self):
+        return self.model.module if hasattr(self.model, "module") else self.model
+
+    def _forward(self, inputs):
+        ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self._autocast
+               else contextlib.nullcontext())
+        with ctx:
+            return self.model(inputs)
+
+    def micro_step(self, inputs, is_last):
+        """Forward and backward of one micro batch; gradients sync only at the last micro-step."""
+        if self.deepspeed:
+            self.ds.set_gradient_accumulation_boundary(is_last)
+            out = self._forward(inputs)
+            self.ds.backward(out["loss"])  # DeepSpeed divides by gradient_accumulation_steps
+            self.ds.step()  # a no-op except at the boundary: clip, update, zero grads
+            return out
+        sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(self.model)
+        with sync:
+            out = self._forward(inputs)
+            self.accelerator.backward(out["loss"] / self.grad_accum)
+        return out
+
+    def optimizer_step(self):
+        """Finish the update after the last micro-step; return the pre-clip gradient norm."""
+        if self.deepspeed:
+            norm = self.ds.get_global_grad_norm()
+            return float(norm) if norm is not None else float("nan")
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        max_norm = self.clip if self.clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def train(self):
+        self.model.train()
+
+    def eval(self):
+        self.model.eval()
+
+    # --- state -----------------------------------------------------------------
+    def save(self, directory):
+        """Collective: every rank writes its part of the model and optimizer state."""
+        if self.deepspeed:
+            self.ds.save_checkpoint(directory, tag="engine", exclude_frozen_parameters=True)
+            return
+        if self.accelerator.is_main_process:
+            os.makedirs(os.path.join(directory, "engine"), exist_ok=True)
+            torch.save(self.unwrapped_model().state_dict(), os.path.join(directory, "engine", "model.pt"))
+            torch.save(self.optimizer.state_dict(), os.path.join(directory, "engine", "optimizer.pt"))
+
+    def load(self, directory):
+        if self.deepspeed:
+            path, _ = self.ds.load_checkpoint(directory, tag="engine", load_module_strict=False,
+                                              load_optimizer_states=True, load_lr_scheduler_states=False)
+            if path is None:
+                raise RuntimeError(f"DeepSpeed could not load the engine state in {directory}/engine")
+            return
+        engine_dir = os.path.join(directory, "engine")
+        if not os.path.exists(os.path.join(engine_dir, "model.pt")):
+            raise RuntimeError(f"{engine_dir} holds no DDP state (model.pt); was this checkpoint written "
+                               "with --deepspeed? Resume with the same launcher options")
+        state = torch.load(os.path.join(engine_dir, "model.pt"), map_location="cpu", weights_only=True)
+        self.unwrapped_model().load_state_dict(state)
+        self.optimizer.load_state_dict(torch.load(os.path.join(engine_dir, "optimizer.pt"),
+                                                  map_location="cpu", weights_only=True))

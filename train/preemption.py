@@ -1,0 +1,23 @@
+"""Preemption: SIGTERM / SIGUSR1 ask the trainer to finish the step, save and exit.
+
+The exit code REQUEUE_EXIT_CODE (75, EX_TEMPFAIL) tells a launcher that the run
+stopped on purpose with a fresh checkpoint and should be requeued with
+`resume.checkpoint_path=auto`.
+"""
+import signal
+
+REQUEUE_EXIT_CODE = 75
+
+
+class PreemptionFlag:
+    def __init__(self):
+        self.signal = None
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handler)
+
+    def _handler(self, signum, frame):
+        self.signal = signal.Signals(signum).name
+
+    @property
+    def requested(self):
+        return self.signal is not None

@@ -1,0 +1,54 @@
+"""Where a run lives: {system.checkpoint_dir}/{config stem}/{run_name}/."""
+import glob
+import os
+import time
+
+import torch.distributed as dist
+
+from utils.checkpoint import complete_checkpoints, resolve_resume_path
+
+
+def default_run_name(cfg):
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{cfg.model.size}-{cfg.training.optimizer}-lr{cfg.training.learning_rate:g}-{stamp}"
+
+
+def _agree(value):
+    """Rank 0's value on every rank (the timestamp of a default run name must be one)."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def newest_run_with_checkpoint(config_dir):
+    runs = [d for d in glob.glob(os.path.join(config_dir, "*")) if complete_checkpoints(d)]
+    return max(runs, key=lambda d: os.path.getmtime(complete_checkpoints(d)[-1])) if runs else None
+
+
+def choose_run_dir(cfg, stem):
+    """Return (run_dir, checkpoint to resume from or None).
+
+    resume.checkpoint_path = a folder: continue that run in its own folder.
+    resume.checkpoint_path = auto: the named run's newest checkpoint, or without a run name the newest
+    run of this config; start fresh if there is none.
+    """
+    config_dir = os.path.join(cfg.system.checkpoint_dir, stem)
+    name = cfg.logging.run_name
+    path = cfg.resume.checkpoint_path
+    if path not in (None, "auto"):
+        ckpt = resolve_resume_path(path, None)
+        return os.path.dirname(os.path.abspath(ckpt)), ckpt
+    if path == "auto":
+        run_dir = os.path.join(config_dir, name) if name else newest_run_with_checkpoint(config_dir)
+        if run_dir is not None:
+            ckpt = resolve_resume_path("auto", run_dir)
+            if ckpt is not None:
+                return run_dir, ckpt
+    run_dir = os.path.join(config_dir, name or _agree(default_run_name(cfg)))
+    if complete_checkpoints(run_dir):
+        raise FileExistsError(
+            f"run directory '{run_dir}' already holds checkpoints; set resume.checkpoint_path=auto to "
+            "continue it, or pick another --run_name (nothing was overwritten)")
+    return run_dir, None

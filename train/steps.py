@@ -1,0 +1,57 @@
+"""Pieces of the training loop that are not the loop itself."""
+import random
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from utils import dist
+
+
+@dataclass
+class TrainerState:
+    step: int = 0
+    """Optimizer updates taken."""
+    samples_seen: int = 0
+
+    def state_dict(self):
+        return asdict(self)
+
+    def load_state_dict(self, sd):
+        self.step, self.samples_seen = int(sd["step"]), int(sd["samples_seen"])
+
+
+def seed_everything(seed, rank):
+    random.seed(seed + rank)
+    np.random.seed(seed + rank)
+    torch.manual_seed(seed + rank)
+
+
+def to_device(batch, device):
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@torch.no_grad()
+def validate(engine, encoders, loader, cfg, step):
+    """Mean losses on held-out episodes over `system.val_batches` batches per rank, averaged over ranks.
+
+    Runs on every rank (the forward may hold collectives) with its own fixed RNG, so it
+    neither depends on nor disturbs the training RNG stream.
+    """
+    engine.eval()
+    sums, count = {"loss": 0.0, "video_loss": 0.0, "action_loss": 0.0}, 0
+    with torch.random.fork_rng(devices=[] if engine.device.type == "cpu" else [engine.device]):
+        torch.manual_seed(cfg.training.seed + 1000003 * dist.rank())
+        for i, batch in enumerate(loader):
+            if i >= cfg.system.val_batches:
+                break
+            inputs = encoders.encode(to_device(batch, engine.device))
+            inputs["sample_step"] = 0  # the same noise at every validation
+            out = engine.model(inputs)
+            for k in sums:
+                sums[k] += out[k].float().item()
+            count += 1
+    engine.train()
+    means = {k: v / max(count, 1) for k, v in sums.items()}
+    means["batches"] = count
+    return dist.mean_across_ranks(means)

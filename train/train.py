@@ -1,0 +1,194 @@
+"""Train a Motus-style world model from a YAML config.
+
+    torchrun --nproc_per_node 2 train/train.py --config configs/tiny.yaml \
+        --deepspeed configs/zero2.json training.max_steps=50
+
+Also runs under the `deepspeed` launcher and `accelerate launch`; see TRAINING.md.
+"""
+import argparse
+import logging
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
+from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
+from train.run_dir import choose_run_dir  # noqa: E402
+from train.steps import TrainerState, seed_everything, to_device, validate  # noqa: E402
+from utils import dist  # noqa: E402
+from utils.checkpoint import Checkpointer  # noqa: E402
+from utils.config import ConfigError, config_stem, load_config, save_config  # noqa: E402
+from utils.metrics import Metrics  # noqa: E402
+from utils.schedule import LRSchedule  # noqa: E402
+
+log = logging.getLogger("train")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="configs/tiny.yaml", help="YAML recipe")
+    p.add_argument("--deepspeed", default=None, help="ZeRO JSON (configs/zero1.json, configs/zero2.json)")
+    p.add_argument("--run_name", default=None, help="overrides logging.run_name")
+    p.add_argument("--report_to", default=None, choices=["tensorboard", "wandb", "all", "none"])
+    p.add_argument("--checkpoint_dir", default=None, help="overrides system.checkpoint_dir")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = p.parse_args(argv)
+    flags = {"logging.run_name": args.run_name, "logging.report_to": args.report_to,
+             "system.checkpoint_dir": args.checkpoint_dir}
+    args.overrides += [f"{k}={v}" for k, v in flags.items() if v is not None]
+    return args
+
+
+def check_batch_size(cfg, world_size):
+    t = cfg.training
+    per_step = t.batch_size * t.gradient_accumulation_steps * world_size
+    if t.global_batch_size is not None and t.global_batch_size != per_step:
+        raise ConfigError(
+            f"training.global_batch_size={t.global_batch_size} does not divide into batch_size "
+            f"{t.batch_size} x gradient_accumulation_steps {t.gradient_accumulation_steps} x {world_size} "
+            f"processes = {per_step}; change gradient_accumulation_steps to "
+            f"{t.global_batch_size / (t.batch_size * world_size):g} or the process count")
+
+
+def build_everything(cfg, world_size):
+    """Data, model and optimizer: every start-up error surfaces here, on every rank."""
+    from data import build_datasets
+    from data.synthetic import ensure_synthetic
+    from models import build_world_model
+    from models.tiny_assets import ensure_tiny_assets
+    from optim import build_optimizer
+    from utils.finetune import load_finetune_weights
+
+    if dist.is_main():  # generated inputs of the default recipe, made once, on first use
+        ensure_synthetic(cfg)
+        ensure_tiny_assets(cfg)
+    dist.barrier()
+    check_batch_size(cfg, world_size)
+    datasets = build_datasets(cfg)
+    model, encoders = build_world_model(cfg)
+    if cfg.finetune.checkpoint_path:
+        load_finetune_weights(model, cfg.finetune.checkpoint_path, list(cfg.finetune.allow_shape_mismatch))
+    optimizer = build_optimizer(model.named_parameters(), cfg.training, world_size)
+    return datasets, model, encoders, optimizer
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        ds_config = load_deepspeed_config(args.deepspeed, cfg, dist.world_size()) if args.deepspeed else None
+        if cfg.model.precision == "bf16_mixed" and ds_config is None:
+            raise ConfigError("model.precision=bf16_mixed needs --deepspeed (its fp32 master weights); "
+                              "use fp32_mixed without DeepSpeed")
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        dist.die(e)
+    logging.basicConfig(level=cfg.system.log_level, format="%(asctime)s %(name)s: %(message)s")
+    if not dist.is_main():
+        logging.getLogger().setLevel(logging.WARNING)
+
+    accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes)
+    seed_everything(cfg.training.seed, dist.rank())
+    world_size = dist.world_size()
+    try:
+        run_dir, resume_from = dist.fail_together(choose_run_dir, cfg, config_stem(args.config))
+        (train_set, val_set, stats), model, encoders, optimizer = dist.fail_together(
+            build_everything, cfg, world_size)
+    except dist.StartupError as e:
+        dist.die(e)
+
+    from data import build_train_stream, build_val_loader
+    from utils.checkpoint_convert import reshard_if_needed, save_layout
+
+    engine = Engine(accelerator, model, optimizer, cfg)
+    encoders.to(engine.device)
+    schedule = LRSchedule(cfg.training)
+    stream = build_train_stream(train_set, cfg, dist.rank(), world_size)
+    val_loader = build_val_loader(val_set, cfg, dist.rank(), world_size)
+    checkpointer = Checkpointer(run_dir, cfg, cfg.system.total_limit)
+    state = TrainerState()
+
+    if dist.is_main():
+        os.makedirs(run_dir, exist_ok=True)
+        save_config(cfg, os.path.join(run_dir, "config.yaml"))
+    dist.barrier()
+    checkpointer.remove_interrupted_saves()
+    if resume_from:
+        def load_engine(path):
+            engine_dir = os.path.join(path, "engine")
+            if not (engine.deepspeed and reshard_if_needed(engine.ds, engine_dir)):
+                engine.load(path)
+        saved = checkpointer.load(resume_from, engine, load_engine)
+        state.load_state_dict(saved)
+        stream.load_state_dict(saved["data"])
+        schedule.load_state_dict(saved["schedule"])
+        if cfg.resume.reset_scheduler:
+            schedule.reset()
+        log.info("resumed from %s at step %d", resume_from, state.step)
+
+    metrics = Metrics(cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
+    preemption = PreemptionFlag()
+    ga, micro_batch = cfg.training.gradient_accumulation_steps, cfg.training.batch_size
+    samples_per_step = micro_batch * ga * world_size
+    log.info("run directory: %s", run_dir)
+
+    def save(step):
+        trainer_state = {**state.state_dict(), "world_size": world_size, "data": stream.state_dict(),
+                         "schedule": schedule.state_dict()}
+        layout = (lambda d: save_layout(engine.ds, os.path.join(d, "engine"))) if engine.deepspeed else None
+        return checkpointer.save(step, engine, trainer_state, stats, layout)
+
+    engine.train()
+    window_start, window_steps, loss_sum = time.perf_counter(), 0, {}
+    while state.step < cfg.training.max_steps:
+        lrs = schedule.apply(engine)  # the lr of this update, set before it
+        step = state.step + 1
+        for micro in range(ga):
+            batch = to_device(next(stream), engine.device)
+            inputs = encoders.encode(batch)
+            inputs["sample_step"] = step
+            out = engine.micro_step(inputs, is_last=micro == ga - 1)
+            for k in ("loss", "video_loss", "action_loss"):
+                loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
+        grad_norm = engine.optimizer_step()
+        state.step, state.samples_seen = step, state.samples_seen + samples_per_step
+        window_steps += 1
+
+        is_last = step == cfg.training.max_steps
+        val = validate(engine, encoders, val_loader, cfg, step) if step % cfg.system.val_interval == 0 else None
+        if step % cfg.system.log_interval == 0 or val is not None or is_last:
+            elapsed = time.perf_counter() - window_start
+            losses = dist.mean_across_ranks({k: v.item() for k, v in loss_sum.items()})
+            record = {"step": step, **losses, "grad_norm": grad_norm,
+                      "lr": {g.get("name", str(i)): lr for i, (g, lr) in enumerate(zip(engine.param_groups, lrs))},
+                      "samples_per_sec": samples_per_step * window_steps / elapsed,
+                      "step_time": elapsed / window_steps, "samples_seen": state.samples_seen}
+            record.update({f"val_{k}": v for k, v in (val or {}).items() if k != "batches"})
+            metrics.log(record)
+            metrics.progress(step, record)
+            window_start, window_steps = time.perf_counter(), 0
+        loss_sum = {}
+        preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
+        if step % cfg.system.save_interval == 0 or is_last or preempted:
+            path = save(step)
+            log.info("saved %s", path)
+        if preempted:
+            log.warning("preempted (%s): saved step %d, exiting with %d for requeue",
+                        preemption.signal, step, REQUEUE_EXIT_CODE)
+            metrics.close()
+            sys.exit(REQUEUE_EXIT_CODE)
+    metrics.close()
+    if dist.is_main():
+        print(f"\nTraining finished at step {state.step}.\n  run directory: {run_dir}\n"
+              f"  checkpoint:    {os.path.join(run_dir, open(os.path.join(run_dir, 'latest')).read().strip())}\n"
+              f"  metrics:       {os.path.join(run_dir, 'metrics.jsonl')}\n"
+              f"  tensorboard:   tensorboard --logdir {os.path.join(run_dir, cfg.logging.tensorboard_log_dir)}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

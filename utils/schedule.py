@@ -1,0 +1,71 @@
+"""Learning-rate schedules as multipliers of each param group's base lr.
+
+The multiplier for optimizer step s (1-based: the first update is s = 1) is set
+*before* that update, so the first update already runs at the warmup lr. Each
+param group keeps its own base lr in `initial_lr` (Muon and AdamW groups differ).
+"""
+import math
+
+
+def linear_multiplier(s, warmup_steps, cycle_length, f_start, f_max, f_min):
+    """Motus's linear warmup then linear decay to f_min at `cycle_length`."""
+    if s <= 0:
+        return f_start
+    if s <= warmup_steps:
+        return f_start + (f_max - f_start) * s / warmup_steps
+    if s < cycle_length:
+        return f_min + (f_max - f_min) * (cycle_length - s) / (cycle_length - warmup_steps)
+    return f_min
+
+
+def cosine_multiplier(s, warmup_steps, max_steps, min_ratio):
+    """Linear warmup to 1, then cosine down to `min_ratio` at `max_steps`."""
+    if s <= 0:
+        return 0.0
+    if s <= warmup_steps:
+        return s / warmup_steps
+    progress = min(1.0, (s - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class LRSchedule:
+    """Sets `group["lr"] = group["initial_lr"] * multiplier(step)` on every param group.
+
+    Its state is the number of updates already taken; `reset()` restarts it on
+    purpose (fine-tuning, `resume.reset_scheduler`).
+    """
+
+    def __init__(self, training_cfg):
+        t = training_cfg
+        self.kind = t.scheduler_type
+        if self.kind == "linear":
+            if t.warmup_steps >= t.cycle_length:
+                raise ValueError(f"training.warmup_steps ({t.warmup_steps}) must be smaller than "
+                                 f"training.cycle_length ({t.cycle_length}) for scheduler_type linear")
+            self._fn = lambda s: linear_multiplier(s, t.warmup_steps, t.cycle_length, t.f_start, t.f_max, t.f_min)
+        elif self.kind == "cosine":
+            min_ratio = t.min_lr / t.learning_rate if t.learning_rate > 0 else 0.0
+            self._fn = lambda s: cosine_multiplier(s, t.warmup_steps, t.max_steps, min_ratio)
+        else:
+            self._fn = lambda s: 1.0
+        self.last_step = 0
+
+    def multiplier(self, s):
+        return self._fn(s)
+
+    def apply(self, optimizer):
+        """Set the lr of the next update (step last_step + 1) and advance."""
+        self.last_step += 1
+        m = self._fn(self.last_step)
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * m
+        return [group["lr"] for group in optimizer.param_groups]
+
+    def reset(self):
+        self.last_step = 0
+
+    def state_dict(self):
+        return {"kind": self.kind, "last_step": self.last_step}
+
+    def load_state_dict(self, sd):
+        self.last_step = int(sd["last_step"])
