@@ -1,0 +1,49 @@
+"""Run train/train.py as users do (torchrun, several processes) and read what it wrote."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+# Small and quick: the tiny recipe at 4 samples per step, no validation unless asked.
+FAST = ["training.max_steps=6", "system.save_interval=3", "system.val_interval=1000", "system.num_workers=0",
+        "logging.report_to=none", "training.warmup_steps=2"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc, args, timeout=420, env=None):
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), os.path.join(ROOT, "train", "train.py"), *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def train(tmp, nproc, run_name, overrides=(), deepspeed="configs/zero2.json", config="configs/tiny.yaml",
+          check=True, timeout=420):
+    args = ["--config", config, "--checkpoint_dir", str(tmp), "--run_name", run_name]
+    if deepspeed:
+        args += ["--deepspeed", deepspeed]
+    result = torchrun(nproc, args + list(FAST) + list(overrides), timeout=timeout)
+    if check:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result
+
+
+def run_dir(tmp, run_name, config="tiny"):
+    return os.path.join(str(tmp), config, run_name)
+
+
+def metrics(tmp, run_name, config="tiny"):
+    with open(os.path.join(run_dir(tmp, run_name, config), "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def losses(records):
+    return {r["step"]: r["loss"] for r in records}

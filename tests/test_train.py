@@ -1,0 +1,91 @@
+"""The recipe end to end: ZeRO-1/2 with 2 processes against 1 process, exact resume, bad input."""
+import os
+import subprocess
+
+import pytest
+
+from tests.helpers import ROOT, losses, metrics, run_dir, torchrun, train
+from utils.checkpoint import complete_checkpoints
+
+pytestmark = pytest.mark.distributed
+
+# One global batch of 4 samples per step: 1 process x 4, or 2 processes x 2.
+LAYOUTS = {
+    "w1_zero2": dict(nproc=1, deepspeed="configs/zero2.json", overrides=["training.batch_size=4"]),
+    "w2_zero1": dict(nproc=2, deepspeed="configs/zero1.json", overrides=["training.batch_size=2"]),
+    "w2_zero2": dict(nproc=2, deepspeed="configs/zero2.json", overrides=["training.batch_size=2"]),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Uninterrupted 6-step runs (saving at 3 and 6), then each resumed from its step-3 checkpoint."""
+    tmp = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, layout in LAYOUTS.items():
+        train(tmp, layout["nproc"], name, layout["overrides"], layout["deepspeed"])
+        ckpt = os.path.join(run_dir(tmp, name), "checkpoint_step_3")
+        resumed = f"{name}_resumed"
+        train(tmp, layout["nproc"], resumed, layout["overrides"] + [f"resume.checkpoint_path={ckpt}"],
+              layout["deepspeed"])
+        out[name] = metrics(tmp, name)
+        # resuming continues the checkpoint's own run: its metrics.jsonl gets steps 4-6 again
+        out[resumed] = metrics(tmp, name)
+    return tmp, out
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_resume_is_bit_identical(runs, name):
+    tmp, out = runs
+    assert [r["step"] for r in out[f"{name}_resumed"]] == [1, 2, 3, 4, 5, 6]
+    uninterrupted = losses(out[name])
+    rewound = [os.path.basename(p) for p in os.listdir(run_dir(tmp, name)) if "rewound" in p]
+    assert rewound, "the records after the resumed step must be kept aside, not lost"
+    import json
+    with open(os.path.join(run_dir(tmp, name), rewound[0])) as f:
+        first_pass = {json.loads(line)["step"]: json.loads(line)["loss"] for line in f}
+    assert first_pass == {s: uninterrupted[s] for s in (4, 5, 6)}, "resume must reproduce losses exactly"
+
+
+@pytest.mark.parametrize("name", ["w2_zero1", "w2_zero2"])
+def test_two_processes_match_one(runs, name):
+    _, out = runs
+    ref, got = losses(out["w1_zero2"]), losses(out[name])
+    for step in ref:
+        assert got[step] == pytest.approx(ref[step], rel=1e-4, abs=1e-5), (step, got, ref)
+
+
+def test_metrics_record_schedule_and_norms(runs):
+    _, out = runs
+    rec = out["w2_zero2"]
+    for r in rec:
+        for key in ("step", "loss", "video_loss", "action_loss", "lr", "grad_norm", "samples_per_sec", "step_time"):
+            assert key in r
+    # tiny.yaml: linear schedule, 2 warmup steps (FAST), lr 2e-3: step 1 runs at half the peak
+    first_lrs = rec[0]["lr"]
+    assert all(v == pytest.approx(1e-3) for v in first_lrs.values()), first_lrs
+    assert all(v == pytest.approx(2e-3) for v in rec[1]["lr"].values())
+
+
+def test_retention_and_latest(runs):
+    tmp, _ = runs
+    d = run_dir(tmp, "w2_zero2")
+    assert [os.path.basename(p) for p in complete_checkpoints(d)] == ["checkpoint_step_3", "checkpoint_step_6"]
+    assert open(os.path.join(d, "latest")).read().strip() == "checkpoint_step_6"
+
+
+def test_bad_dataset_path_fails_on_every_rank(tmp_path):
+    r = train(tmp_path, 2, "bad", ["dataset.type=lerobot", "dataset.dataset_dir=/nonexistent/data"], check=False,
+              timeout=180)
+    assert r.returncode != 0
+    assert r.stderr.count("/nonexistent/data") >= 2, r.stderr[-3000:]  # both ranks say why
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--deepspeed", "configs/zero9.json"], "configs/zero9.json' does not exist"),
+    (["training.optimizer=lion"], "training.optimizer"),
+    (["training.global_batch_size=6"], "global_batch_size=6"),
+])
+def test_bad_input_exits_nonzero(tmp_path, args, match):
+    r = torchrun(1, ["--config", "configs/tiny.yaml", "--checkpoint_dir", str(tmp_path), *args], timeout=180)
+    assert r.returncode != 0 and match in r.stderr, r.stderr[-3000:]
