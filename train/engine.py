@@ -61,9 +61,22 @@ def load_deepspeed_config(path, cfg, world_size):
     return ds
 
 
+def _single_process_env():
+    """`python train/train.py` without a launcher is a world of one: give it a rendezvous."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
 def make_accelerator(ds_config, timeout_minutes):
     from accelerate import Accelerator, DeepSpeedPlugin
     from accelerate.utils import InitProcessGroupKwargs
+
+    _single_process_env()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     # cpu=True would silently drop DeepSpeed; the backend choice is what makes CPU work.

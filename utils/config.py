@@ -24,10 +24,13 @@ class ConfigError(ValueError):
 @dataclass
 class CommonConfig:
     action_dim: int = 14
+    """Width of one robot action vector (or latent action in pretraining)."""
     state_dim: int = 14
+    """Width of the robot state (proprioception) vector."""
     num_video_frames: int = 8
     """Predicted video frames F (the condition frame comes on top)."""
     video_height: int = 384
+    """Frames are resized, keeping the aspect ratio and padding, to video_height x video_width."""
     video_width: int = 320
     global_downsample_rate: int = 3
     """Raw frames between two action steps d."""
@@ -47,25 +50,34 @@ class TrainingConfig:
     max_steps: int = 100
     """Optimizer steps."""
     learning_rate: float = 1e-4
+    """Peak lr of every param group (Muon's is rescaled per shape by training.muon.adjust_lr_fn)."""
     weight_decay: float = 0.01
+    """Decoupled weight decay of both halves of the optimizer."""
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
     eps: float = 1e-8
+    """AdamW epsilon."""
     optimizer: str = "muon_adamw"
     """adamw or muon_adamw."""
     muon: MuonConfig = field(default_factory=MuonConfig)
     scheduler_type: str = "linear"
     """linear (Motus's), cosine or constant."""
     warmup_steps: int = 10
+    """Updates of linear warmup (linear and cosine)."""
     cycle_length: int = 1000
     """linear: the step at which the multiplier reaches f_min."""
     f_start: float = 0.0
+    """linear: lr multiplier before the first update (warmup starts here)."""
     f_max: float = 1.0
+    """linear: lr multiplier at the end of warmup."""
     f_min: float = 0.1
+    """linear: lr multiplier from cycle_length on."""
     min_lr: float = 0.0
     """cosine: the lr reached at max_steps."""
     grad_clip_norm: float = 1.0
     """Global gradient norm clip (DeepSpeed `gradient_clipping`); 0 disables."""
     seed: int = 42
+    """Seeds initialisation, data order and the per-sample noise."""
 
 
 @dataclass
@@ -73,15 +85,21 @@ class SystemConfig:
     checkpoint_dir: str = "./runs"
     """Runs live in {checkpoint_dir}/{config stem}/{run_name}/."""
     log_level: str = "INFO"
+    """Python logging level of rank 0 (other ranks log warnings only)."""
     log_interval: int = 1
+    """Steps between metrics records (and preemption checks)."""
     save_interval: int = 1000
+    """Steps between checkpoints; the last step is always saved."""
     val_interval: int = 500
+    """Steps between validations on the held-out episodes."""
     val_batches: int = 4
     """Batches per rank in each validation."""
     total_limit: Optional[int] = 3
     """Keep the newest N complete checkpoints; null keeps all."""
     num_workers: int = 2
+    """DataLoader worker processes per rank."""
     pin_memory: bool = True
+    """Pin host memory of batches (GPU runs)."""
     dist_timeout_minutes: int = 60
     """Process-group timeout: long enough for large checkpoint saves."""
 
@@ -91,6 +109,7 @@ class LoggingConfig:
     report_to: str = "tensorboard"
     """tensorboard, wandb, all or none."""
     wandb_project: str = "motus"
+    """wandb project name."""
     wandb_mode: str = "online"
     """online, offline or disabled."""
     tensorboard_log_dir: str = "tensorboard_logs"

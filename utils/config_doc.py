@@ -1,0 +1,59 @@
+"""Render the config schema as Markdown tables, one per section, from the dataclasses'
+field docstrings, so TRAINING.md documents exactly the keys the code reads.
+
+    python -m utils.config_doc > /tmp/keys.md
+"""
+import ast
+import dataclasses
+import inspect
+import textwrap
+
+from utils.config import Config
+
+
+def _field_docs(cls):
+    """Field name -> the string literal that follows its definition in the class body."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:] + [None]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def _default(f):
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return ""
+    if dataclasses.is_dataclass(value):
+        return None
+    return "null" if value is None else repr(value).replace("'", "")
+
+
+def _rows(cls, prefix):
+    docs = _field_docs(cls)
+    rows, nested = [], []
+    for f in dataclasses.fields(cls):
+        default = _default(f)
+        if default is None:
+            nested.append((f.type, f"{prefix}{f.name}."))
+            continue
+        rows.append(f"| `{prefix}{f.name}` | `{default}` | {docs.get(f.name, '')} |")
+    for sub, sub_prefix in nested:
+        rows.extend(_rows(sub, sub_prefix))
+    return rows
+
+
+def render():
+    out = []
+    for f in dataclasses.fields(Config):
+        out += [f"#### `{f.name}`", "", "| key | default | meaning |", "|---|---|---|", *_rows(f.type, f"{f.name}."), ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(render())
