@@ -11,6 +11,8 @@ from datetime import timedelta
 
 import torch
 
+from utils.checkpoint_convert import optimizer_state_by_name, reshard_if_needed, save_layout, save_plain_layout
+
 # YAML-owned DeepSpeed fields: the JSON says "auto" (or repeats the YAML's value).
 AUTO_FIELDS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
                "train_batch_size")
@@ -158,27 +160,36 @@ class Engine:
 
     # --- state -----------------------------------------------------------------
     def save(self, directory):
-        """Collective: every rank writes its part of the model and optimizer state."""
+        """Collective: every rank writes its part of the model and optimizer state, plus the
+        layout that lets a checkpoint move to another world size (utils/checkpoint_convert.py)."""
+        engine_dir = os.path.join(directory, "engine")
         if self.deepspeed:
             self.ds.save_checkpoint(directory, tag="engine", exclude_frozen_parameters=True)
+            save_layout(self.ds, engine_dir)
             return
         if self.accelerator.is_main_process:
-            os.makedirs(os.path.join(directory, "engine"), exist_ok=True)
-            torch.save(self.unwrapped_model().state_dict(), os.path.join(directory, "engine", "model.pt"))
-            torch.save(self.optimizer.state_dict(), os.path.join(directory, "engine", "optimizer.pt"))
+            os.makedirs(engine_dir, exist_ok=True)
+            torch.save(self.unwrapped_model().state_dict(), os.path.join(engine_dir, "model.pt"))
+            torch.save(self.optimizer.state_dict(), os.path.join(engine_dir, "optimizer.pt"))
+            save_plain_layout(self.unwrapped_model(), self.base_optimizer, engine_dir, self.accelerator.num_processes)
 
     def load(self, directory):
+        """Collective. At another world size the state is re-partitioned by parameter name."""
+        engine_dir = os.path.join(directory, "engine")
         if self.deepspeed:
+            if reshard_if_needed(self.ds, engine_dir):
+                return
             path, _ = self.ds.load_checkpoint(directory, tag="engine", load_module_strict=False,
                                               load_optimizer_states=True, load_lr_scheduler_states=False)
             if path is None:
-                raise RuntimeError(f"DeepSpeed could not load the engine state in {directory}/engine")
+                raise RuntimeError(f"DeepSpeed could not load the engine state in {engine_dir}")
             return
-        engine_dir = os.path.join(directory, "engine")
         if not os.path.exists(os.path.join(engine_dir, "model.pt")):
             raise RuntimeError(f"{engine_dir} holds no DDP state (model.pt); was this checkpoint written "
                                "with --deepspeed? Resume with the same launcher options")
         state = torch.load(os.path.join(engine_dir, "model.pt"), map_location="cpu", weights_only=True)
         self.unwrapped_model().load_state_dict(state)
-        self.optimizer.load_state_dict(torch.load(os.path.join(engine_dir, "optimizer.pt"),
-                                                  map_location="cpu", weights_only=True))
+        saved = torch.load(os.path.join(engine_dir, "optimizer.pt"), map_location="cpu", weights_only=True)
+        # MuonAdamW orders parameters by world size: renumber the saved state by name
+        self.optimizer.load_state_dict(
+            optimizer_state_by_name(saved, engine_dir, self.unwrapped_model(), self.base_optimizer))

@@ -102,7 +102,6 @@ def main(argv=None):
         dist.die(e)
 
     from data import build_train_stream, build_val_loader
-    from utils.checkpoint_convert import reshard_if_needed, save_layout
 
     engine = Engine(accelerator, model, optimizer, cfg)
     encoders.to(engine.device)
@@ -118,11 +117,7 @@ def main(argv=None):
     dist.barrier()
     checkpointer.remove_interrupted_saves()
     if resume_from:
-        def load_engine(path):
-            engine_dir = os.path.join(path, "engine")
-            if not (engine.deepspeed and reshard_if_needed(engine.ds, engine_dir)):
-                engine.load(path)
-        saved = checkpointer.load(resume_from, engine, load_engine)
+        saved = checkpointer.load(resume_from, engine.load)
         state.load_state_dict(saved)
         stream.load_state_dict(saved["data"])
         schedule.load_state_dict(saved["schedule"])
@@ -139,8 +134,7 @@ def main(argv=None):
     def save(step):
         trainer_state = {**state.state_dict(), "world_size": world_size, "data": stream.state_dict(),
                          "schedule": schedule.state_dict()}
-        layout = (lambda d: save_layout(engine.ds, os.path.join(d, "engine"))) if engine.deepspeed else None
-        return checkpointer.save(step, engine, trainer_state, stats, layout)
+        return checkpointer.save(step, engine, trainer_state, stats)
 
     engine.train()
     window_start, window_steps, loss_sum = time.perf_counter(), 0, {}

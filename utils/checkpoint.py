@@ -99,7 +99,7 @@ class Checkpointer:
                     glob.glob(os.path.join(self.run_dir, f".trash_{PREFIX}*")):
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def save(self, step, engine, trainer_state, norm_stats, save_layout=None):
+    def save(self, step, engine, trainer_state, norm_stats):
         """Collective: call on every rank."""
         final = os.path.join(self.run_dir, f"{PREFIX}{step}")
         if is_complete(final):  # resumed at this very step: it is already on disk
@@ -110,8 +110,6 @@ class Checkpointer:
             os.makedirs(os.path.join(tmp, "rng"))
         dist.barrier()
         engine.save(tmp)
-        if save_layout is not None:
-            save_layout(tmp)
         torch.save(rng_state(), os.path.join(tmp, "rng", f"rank_{dist.rank()}.pt"))
         dist.barrier()  # every rank has written its shard
         if dist.is_main():
@@ -139,8 +137,8 @@ class Checkpointer:
             os.replace(old, trash)
             shutil.rmtree(trash, ignore_errors=True)
 
-    def load(self, path, engine, load_engine):
-        """Restore engine state (via `load_engine`), this rank's RNG, and return the trainer state."""
+    def load(self, path, load_engine):
+        """Restore engine state (via `load_engine(path)`), this rank's RNG; return the trainer state."""
         load_engine(path)
         with open(os.path.join(path, "trainer_state.json")) as f:
             state = json.load(f)

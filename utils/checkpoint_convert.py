@@ -1,0 +1,370 @@
+"""Resume a DeepSpeed checkpoint at another world size (W -> W'), optimizer state included.
+
+ZeRO-1/2 keep, per param group, one flat buffer of all the group's tensors; rank r owns the
+slice [r * P, (r + 1) * P) of it (P = padded group size / W), saved in its own
+`zero_pp_rank_{r}_mp_rank_00_optim_states.pt`: the fp32 master slice and the base optimizer's
+state for it (Adam's exp_avg / exp_avg_sq, the Muon momentum: flat, elementwise tensors).
+DeepSpeed refuses to load those files at another world size, and its own re-partitioning
+assumes that a group is flattened in the same order at every world size; MuonAdamW orders
+the tensors of a group by world size (to balance Newton-Schulz work), so we instead rebuild
+every piece by parameter name from a layout file saved beside the shards.
+
+At save time every rank calls `save_layout(engine, engine_dir)` after `engine.save_checkpoint`.
+At load time `reshard_if_needed(engine, engine_dir)` returns False when the world size is the
+same (then `engine.load_checkpoint` does the job) and otherwise loads the checkpoint itself:
+this rank reads only the old slices that overlap its new partition (memory-mapped).
+
+`python -m utils.checkpoint_convert <checkpoint_step_N>` prints what a checkpoint holds and
+checks that every parameter can be rebuilt (no conversion command is needed: the slice a rank
+owns depends on the optimizer's order at the new world size, known only once it is built).
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+import torch
+
+LAYOUT_FILE = "zero_layout.json"
+LAYOUT_FORMAT = 1
+MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
+
+
+class CheckpointConvertError(RuntimeError):
+    """A checkpoint that cannot be resumed at this world size; the message says why and what to do."""
+
+
+def _param_names(engine):
+    return _names_of(engine.module)
+
+
+def _names_of(module):
+    return {id(p): n for n, p in module.named_parameters()}
+
+
+def _unsupported(engine):
+    """Why this engine's checkpoints cannot move to another world size, or None."""
+    stage = engine.zero_optimization_stage() if engine.zero_optimization() else 0
+    if stage == 3 or (stage == 0 and (engine.bfloat16_enabled() or engine.fp16_enabled())):
+        precision = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
+        return (f"resume at another world size supports ZeRO stage 1 and 2 (any precision) and stage 0 "
+                f"in fp32; this checkpoint was written with stage {stage} in {precision}. Resume it at "
+                "the world size it was written with, or train with ZeRO-1/2")
+    return None
+
+
+def _zero_layout(engine):
+    """Every rank holds the same flat layout; rank r's slice follows from partition_size."""
+    zero = engine.optimizer
+    names = _param_names(engine)
+    groups = []
+    for i, params in enumerate(zero.round_robin_bit16_groups):
+        groups.append({
+            "flat_numel": int(zero.bit16_groups_flat[i].numel()),
+            "partition_size": int(zero.partition_size[i]),
+            "params": [{"name": names[id(p)], "shape": list(p.shape), "offset": int(offset)}
+                       for p, offset in zip(params, zero.round_robin_bit16_offsets[i])],
+        })
+    return groups
+
+
+def _plain_layout(module, optimizer):
+    """Stage 0 / DDP: the optimizer sees whole tensors; record their order in each group."""
+    names = _names_of(module)
+    return [{"params": [{"name": names[id(p)], "shape": list(p.shape)} for p in group["params"]]}
+            for group in optimizer.param_groups]
+
+
+def _write_layout(engine_dir, world_size, zero_stage, groups, unsupported=None):
+    path = os.path.join(engine_dir, LAYOUT_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"format": LAYOUT_FORMAT, "world_size": world_size, "zero_stage": zero_stage,
+                   "groups": groups, "unsupported": unsupported}, f)
+    os.replace(path + ".tmp", path)  # a reader never sees half a layout
+
+
+def save_layout(engine, engine_dir):
+    """Write `engine_dir/zero_layout.json` (rank 0 writes; call it on every rank after the save)."""
+    if engine.global_rank != 0:
+        return
+    stage = engine.zero_optimization_stage() if engine.zero_optimization() else 0
+    if _unsupported(engine):  # still record the world size: the same-size resume needs it
+        _write_layout(engine_dir, engine.dp_world_size, stage, None, unsupported=_unsupported(engine))
+    else:
+        _write_layout(engine_dir, engine.dp_world_size, stage,
+                      _zero_layout(engine) if stage else _plain_layout(engine.module, engine.optimizer))
+
+
+def save_plain_layout(module, optimizer, engine_dir, world_size):
+    """The same for a plain optimizer (DDP): its param order may depend on the world size too."""
+    _write_layout(engine_dir, world_size, 0, _plain_layout(module, optimizer))
+
+
+def read_layout(engine_dir):
+    path = os.path.join(engine_dir, LAYOUT_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointConvertError(
+            f"{path} does not exist: the checkpoint was saved without `save_layout`, so it can only be "
+            "resumed at the world size it was written with")
+    with open(path) as f:
+        layout = json.load(f)
+    if layout.get("format") != LAYOUT_FORMAT:
+        raise CheckpointConvertError(f"{path}: layout format {layout.get('format')!r}; expected {LAYOUT_FORMAT}")
+    return layout
+
+
+def _load(path):
+    # Our own checkpoints hold pickled DeepSpeed objects (loss scaler, config): not weights_only.
+    # mmap: a rank reads only the slices it needs, not every old rank's whole shard.
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+
+
+class ShardReader:
+    """Per-parameter reads from the flat ZeRO shards of a checkpoint written at any world size."""
+
+    def __init__(self, engine_dir):
+        self.engine_dir = engine_dir
+        self.layout = read_layout(engine_dir)
+        if self.layout["zero_stage"] not in (1, 2) or self.layout["unsupported"]:
+            raise CheckpointConvertError(f"{engine_dir}: stage {self.layout['zero_stage']} has no readable "
+                                         f"ZeRO shards ({self.layout['unsupported'] or 'whole state'})")
+        self.world_size = self.layout["world_size"]
+        self.where = {}  # name -> (group index, offset in the flat group, numel, shape)
+        for g, group in enumerate(self.layout["groups"]):
+            for p in group["params"]:
+                numel = int(torch.Size(p["shape"]).numel())
+                self.where[p["name"]] = (g, p["offset"], numel, torch.Size(p["shape"]))
+        self._shards = {}
+
+    def shard(self, rank):
+        if rank not in self._shards:
+            found = glob.glob(os.path.join(self.engine_dir, f"*zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"))
+            if len(found) != 1:
+                raise CheckpointConvertError(
+                    f"{self.engine_dir}: expected one zero_pp_rank_{rank}_mp_rank_00_optim_states.pt "
+                    f"(the checkpoint was written by {self.world_size} ranks), found {len(found)}")
+            sd = _load(found[0])["optimizer_state_dict"]
+            state = sd["base_optimizer_state"]
+            # rigid (default): the torch optimizer's state_dict, keyed by group index;
+            # elastic_checkpoint: a list of per-group states
+            per_group = [state["state"].get(g, {}) for g in range(len(self.layout["groups"]))] \
+                if isinstance(state, dict) else state
+            self._shards[rank] = (sd["single_partition_of_fp32_groups"], per_group, sd)
+        return self._shards[rank]
+
+    def state_keys(self, group):
+        """Elementwise state keys and scalar state of an old group (from rank 0's shard)."""
+        _, per_group, _ = self.shard(0)
+        fp32 = self.shard(0)[0][group]
+        # rigid shards keep the partition's padding in the state, elastic ones drop it like fp32's
+        sizes = (self.layout["groups"][group]["partition_size"], fp32.numel())
+        elementwise, scalars = [], {}
+        for key, value in per_group[group].items():
+            if torch.is_tensor(value) and value.dim() > 0:
+                if value.dim() != 1 or value.numel() not in sizes:
+                    raise CheckpointConvertError(
+                        f"{self.engine_dir}: optimizer state '{key}' of group {group} has shape "
+                        f"{tuple(value.shape)}; only flat elementwise state (one value per element of the "
+                        f"partition of {sizes[0]}) can be moved to another world size")
+                elementwise.append(key)
+            else:
+                scalars[key] = value.clone() if torch.is_tensor(value) else value
+        return elementwise, scalars
+
+    def group_options(self, group):
+        """The saved hyperparameters of an old group (lr, betas, ...), as load_state_dict restores them."""
+        state = self.shard(0)[2]["base_optimizer_state"]
+        if not isinstance(state, dict):
+            return {}  # elastic format: DeepSpeed saves no group options either
+        return {k: v for k, v in state["param_groups"][group].items() if k != "params"}
+
+    def read(self, name, key, start, stop):
+        """Elements [start, stop) of the flattened `name` (key 'fp32' for the master weight)."""
+        group, offset, _, _ = self.where[name]
+        size = self.layout["groups"][group]["partition_size"]
+        pieces = []
+        lo, hi = offset + start, offset + stop
+        while lo < hi:
+            rank, local = divmod(lo, size)
+            count = min(hi - lo, size - local)
+            fp32, per_group, _ = self.shard(rank)
+            source = fp32[group] if key == "fp32" else per_group[group][key]
+            pieces.append(source[local:local + count])
+            lo += count
+        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+
+    def full(self, name, key="fp32"):
+        _, _, numel, shape = self.where[name]
+        return self.read(name, key, 0, numel).reshape(shape).clone()
+
+
+def _check_names(engine_dir, saved, current):
+    missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+    wrong = [f"{n}: saved {tuple(saved[n])}, model {tuple(current[n])}"
+             for n in current if n in saved and tuple(saved[n]) != tuple(current[n])]
+    if missing or unexpected or wrong:
+        raise CheckpointConvertError(
+            f"{engine_dir}: the checkpoint's trainable parameters do not match the model's "
+            f"(missing from the checkpoint: {missing[:5]}, not in the model: {unexpected[:5]}, "
+            f"shape changed: {wrong[:5]}); resume needs the same model (use finetune.checkpoint_path "
+            "to start a new run from these weights)")
+
+
+@torch.no_grad()
+def _install_zero(engine, engine_dir):
+    import deepspeed.comm as dist
+    reader = ShardReader(engine_dir)
+    zero, names = engine.optimizer, _param_names(engine)
+    current = {names[id(p)]: p.shape for params in zero.round_robin_bit16_groups for p in params}
+    _check_names(engine_dir, {n: w[3] for n, w in reader.where.items()}, current)
+    base = zero.optimizer
+    for i, params in enumerate(zero.round_robin_bit16_groups):
+        old_groups = sorted({reader.where[names[id(p)]][0] for p in params})
+        if len(old_groups) != 1:
+            raise CheckpointConvertError(
+                f"{engine_dir}: param group {i} holds tensors of saved groups {old_groups}; "
+                "the param-group split changed since the save, resume with the same optimizer routing")
+        elementwise, scalars = reader.state_keys(old_groups[0])
+        size = zero.partition_size[i]
+        begin = size * dist.get_rank(group=zero.real_dp_process_group[i])
+        fp32 = zero.single_partition_of_fp32_groups[i]
+        new = {key: torch.zeros(size, dtype=reader.read(names[id(params[0])], key, 0, 1).dtype)
+               for key in ["fp32"] + elementwise}
+        for p, offset in zip(params, zero.round_robin_bit16_offsets[i]):
+            lo, hi = max(begin, offset), min(begin + size, offset + p.numel())
+            if lo >= hi:
+                continue  # this tensor has no piece in this rank's partition
+            for key, target in new.items():
+                target[lo - begin:hi - begin] = reader.read(names[id(p)], key, lo - offset, hi - offset)
+        fp32.copy_(new.pop("fp32"))
+        state = base.state[base.param_groups[i]["params"][0]]
+        for key, value in new.items():
+            if key in state and torch.is_tensor(state[key]) and state[key].shape == value.shape:
+                state[key].copy_(value)  # keep tensors that something may already point at
+            else:
+                state[key] = value.to(fp32.device)
+        state.update(scalars)
+        base.param_groups[i].update(reader.group_options(old_groups[0]))
+    # DeepSpeed links optimizer-state views into each parameter lazily after the first step;
+    # drop any earlier links so they are rebuilt on the tensors installed here.
+    if hasattr(zero, "_hp_optimizer_states_linked"):
+        zero._hp_optimizer_states_linked = False
+    zero.update_lp_params()  # the bit16 model weights from the new fp32 masters (all-gather)
+    saved = reader.shard(0)[2]
+    for key in ("loss_scaler", "dynamic_loss_scale", "overflow"):
+        if key in saved:
+            setattr(zero, key, saved[key])
+
+
+def optimizer_state_by_name(saved, engine_dir, module, optimizer):
+    """A whole optimizer state dict `saved` (stage 0, DDP), renumbered from the order recorded in
+    `engine_dir`'s layout into `optimizer`'s order, for `optimizer.load_state_dict`."""
+    layout = read_layout(engine_dir)
+    names = _names_of(module)
+    saved_order = [p["name"] for group in layout["groups"] for p in group["params"]]
+    current = {names[id(p)]: p.shape for group in optimizer.param_groups for p in group["params"]}
+    _check_names(engine_dir, {p["name"]: p["shape"] for g in layout["groups"] for p in g["params"]}, current)
+    if len(saved["param_groups"]) != len(optimizer.param_groups):
+        raise CheckpointConvertError(
+            f"{engine_dir}: {len(saved['param_groups'])} saved param groups, this optimizer has "
+            f"{len(optimizer.param_groups)}; resume with the same optimizer routing")
+    index_of = {name: i for i, name in enumerate(saved_order)}
+    state, groups, next_index = {}, [], 0
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+        ids = []
+        for p in group["params"]:
+            old = index_of[names[id(p)]]
+            if old in saved["state"]:
+                state[next_index] = saved["state"][old]
+            ids.append(next_index)
+            next_index += 1
+        groups.append({**saved_group, "params": ids})
+    return {"state": state, "param_groups": groups}
+
+
+def reshard_if_needed(engine, engine_dir):
+    """Load `engine_dir` into `engine` when it was written at another world size.
+
+    Returns False (nothing done) when the world size is the same: call `engine.load_checkpoint`.
+    Returns True when this function loaded weights, optimizer state and the engine's step
+    counters; do not call `engine.load_checkpoint` then. Collective: call on every rank.
+    """
+    model_states_path = os.path.join(engine_dir, MODEL_STATES_FILE)
+    if not os.path.isfile(model_states_path):
+        raise CheckpointConvertError(
+            f"{engine_dir} holds no DeepSpeed state ({MODEL_STATES_FILE}); was it written without "
+            "--deepspeed? Resume with the launcher options it was written with")
+    if not os.path.isfile(os.path.join(engine_dir, LAYOUT_FILE)):  # written before layouts existed
+        saved_world_size = _load(model_states_path)["dp_world_size"]
+        if saved_world_size == engine.dp_world_size:
+            return False
+        read_layout(engine_dir)  # raises: explains that only the saved world size can load it
+    layout = read_layout(engine_dir)
+    if layout["world_size"] == engine.dp_world_size:
+        return False
+    if layout["unsupported"] or _unsupported(engine):
+        raise CheckpointConvertError(f"{engine_dir}: {layout['unsupported'] or _unsupported(engine)}")
+    stage = engine.zero_optimization_stage() if engine.zero_optimization() else 0
+    if layout["zero_stage"] != stage:
+        raise CheckpointConvertError(
+            f"{engine_dir}: written with ZeRO stage {layout['zero_stage']}, this run uses stage {stage}; "
+            "resume with the stage of the checkpoint")
+    model_states = _load(model_states_path)
+    if stage:
+        _install_zero(engine, engine_dir)
+    else:
+        result = engine.module.load_state_dict(model_states["module"], strict=False)
+        trainable = {n for n, p in engine.module.named_parameters() if p.requires_grad}
+        if set(result.missing_keys) & trainable or result.unexpected_keys:
+            raise CheckpointConvertError(
+                f"{engine_dir}: the saved module does not match the model (missing "
+                f"{sorted(set(result.missing_keys) & trainable)[:5]}, unexpected {result.unexpected_keys[:5]})")
+        engine.optimizer.load_state_dict(
+            optimizer_state_by_name(model_states["optimizer"], engine_dir, engine.module, engine.optimizer))
+    engine.global_steps = model_states["global_steps"]
+    engine.global_samples = model_states["global_samples"]
+    engine.skipped_steps = model_states["skipped_steps"]
+    if engine.lr_scheduler is not None and model_states.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
+    return True
+
+
+def describe(checkpoint_dir):
+    """A summary of `checkpoint_dir` (a checkpoint_step_N folder), after reading every tensor once."""
+    engine_dir = os.path.join(checkpoint_dir, "engine")
+    layout = read_layout(engine_dir)
+    lines = [f"{checkpoint_dir}: written by {layout['world_size']} ranks, ZeRO stage {layout['zero_stage']}"]
+    if layout["unsupported"]:
+        return "\n".join(lines + [f"  {layout['unsupported']}"])
+    if layout["zero_stage"] == 0:
+        count = sum(len(g["params"]) for g in layout["groups"])
+        return "\n".join(lines + [f"  {count} tensors; stage 0 state is whole: any world size loads it"])
+    reader = ShardReader(engine_dir)
+    for g, group in enumerate(layout["groups"]):
+        elementwise, scalars = reader.state_keys(g)
+        for p in group["params"]:
+            for key in ["fp32"] + elementwise:
+                reader.full(p["name"], key)
+        numel = sum(reader.where[p["name"]][2] for p in group["params"])
+        shown = {k: (v.item() if torch.is_tensor(v) else v) for k, v in scalars.items()}
+        lines.append(f"  group {g}: {len(group['params'])} tensors, {numel} elements, "
+                     f"state {['fp32'] + elementwise}, scalars {shown}")
+    lines.append("  every tensor is readable: resume at any world size with resume.checkpoint_path")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint_dir", help="a checkpoint_step_N folder")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(os.path.join(args.checkpoint_dir, "engine")):
+        sys.exit(f"{args.checkpoint_dir}: expected a checkpoint_step_N folder with an engine/ subfolder")
+    try:
+        print(describe(args.checkpoint_dir))
+    except CheckpointConvertError as e:
+        sys.exit(str(e))
+
+
+if __name__ == "__main__":
+    main()

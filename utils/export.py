@@ -1,0 +1,142 @@
+"""Export a training checkpoint as a model folder: `python -m utils.export <checkpoint_dir> <out_dir>`.
+
+Writes what `WorldModel.from_pretrained(out_dir)` and `finetune.checkpoint_path: out_dir` read:
+- `config.json`: the model's architecture spec (as `WorldModel.save_pretrained` writes it,
+  rebuilt from the checkpoint's `config.yaml`) plus the `common` section (action and state
+  dims, frames, image size) for inference code;
+- `model.safetensors`, or shards `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`
+  above `--max-shard-size`;
+- `norm_stats.json`: the normalisation statistics the model was trained with.
+The weights are the module's as saved (fp32, or the bf16 copy of a bf16_mixed run).
+"""
+import argparse
+import glob
+import logging
+import os
+import re
+import shutil
+import sys
+
+from omegaconf import OmegaConf
+
+from models.serialization import CONFIG_NAME, DEFAULT_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, ModelLoadError
+from utils.finetune import FinetuneError, read_weights
+
+log = logging.getLogger(__name__)
+
+NORM_STATS = "norm_stats.json"
+CONFIG_YAML = "config.yaml"
+UNITS = {"B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
+         "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
+
+
+class ExportError(RuntimeError):
+    """An export that cannot be written; the message names the path and what was expected."""
+
+
+def parse_size(text):
+    """'5GB' (10^9 bytes), '500MiB' (2^20), '1024' (bytes) -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).upper() if m else None
+    if not m or (unit and unit not in UNITS):
+        raise ExportError(f"--max-shard-size '{text}': expected a size such as 5GB, 500MB or 2GiB")
+    size = int(float(m.group(1)) * UNITS[unit or "B"])
+    if size <= 0:
+        raise ExportError(f"--max-shard-size '{text}': expected a positive size")
+    return size
+
+
+def _part_config(class_name, path, key, subfolder, default):
+    """The full config (defaults filled in) a diffusers part was built with: the size table's when
+    `path` is null, else its local folder's, read on the meta device (no weights are loaded)."""
+    if path is None:
+        return dict(default)
+    import diffusers
+    from accelerate import init_empty_weights
+
+    from models.loading import resolve_folder
+    cls = getattr(diffusers, class_name)
+    with init_empty_weights():
+        return dict(cls.from_config(cls.load_config(resolve_folder(path, key, subfolder))).config)
+
+
+def model_spec_from_config(cfg):
+    """The spec `build_world_model` builds the WorldModel from, rebuilt from the run's config."""
+    from models.build import model_spec
+    from models.sizes import get_size
+
+    size, wan = get_size(cfg.model.size), cfg.model.wan
+    video = _part_config("WanTransformer3DModel", wan.checkpoint_path, "model.wan.checkpoint_path",
+                         "transformer", size.wan)
+    vae = _part_config("AutoencoderKLWan", wan.vae_path, "model.wan.vae_path", "vae", size.vae)
+    spec = model_spec(cfg, size, video, vae, cfg.model.und_expert.vlm.input_dim)
+    spec["common"] = OmegaConf.to_container(cfg.common, resolve=True)
+    return spec
+
+
+def _check_out_dir(out_dir, overwrite):
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        if not overwrite:
+            raise ExportError(f"'{out_dir}' is not empty; pass --overwrite to replace an export there, "
+                              "or choose an empty folder")
+        # only the files an export writes: a stale shard must not survive a smaller re-export
+        ours = [CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME, NORM_STATS]
+        for path in [os.path.join(out_dir, f) for f in ours] + glob.glob(
+                os.path.join(out_dir, "model-*-of-*.safetensors")):
+            if os.path.isfile(path):
+                os.remove(path)
+    os.makedirs(out_dir, exist_ok=True)
+
+
+def export_checkpoint(checkpoint_dir, out_dir, max_shard_bytes=DEFAULT_SHARD_BYTES, overwrite=False):
+    """Write the export of `checkpoint_dir` (a checkpoint_step_N folder) into `out_dir`; returns out_dir."""
+    from accelerate import init_empty_weights
+
+    from models.world_model import WorldModel
+
+    config_path = os.path.join(checkpoint_dir, CONFIG_YAML)
+    if not os.path.isfile(config_path):
+        raise ExportError(f"'{checkpoint_dir}' has no {CONFIG_YAML}: expected a checkpoint_step_N folder "
+                          "written by train/train.py")
+    weights = read_weights(checkpoint_dir, key="checkpoint_dir")
+    spec = model_spec_from_config(OmegaConf.load(config_path))
+    with init_empty_weights():  # the architecture only: every tensor comes from the checkpoint
+        model = WorldModel(spec)
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    wrong = [f"{k}: checkpoint {tuple(weights[k].shape)}, config {tuple(expected[k].shape)}"
+             for k in expected if k in weights and weights[k].shape != expected[k].shape]
+    if missing or unexpected or wrong:
+        raise ExportError(f"'{checkpoint_dir}': the weights do not fit the model its {CONFIG_YAML} describes "
+                          f"(missing {missing[:5]}, unexpected {unexpected[:5]}, shape {wrong[:5]})")
+    # clone: DeepSpeed's module tensors are views of one flat buffer, which safetensors refuses
+    model.load_state_dict({k: v.clone() for k, v in weights.items()}, assign=True)
+    _check_out_dir(out_dir, overwrite)
+    model.save_pretrained(out_dir, max_shard_bytes=max_shard_bytes)
+    stats = os.path.join(checkpoint_dir, NORM_STATS)
+    if os.path.isfile(stats):
+        shutil.copyfile(stats, os.path.join(out_dir, NORM_STATS))
+    else:
+        log.warning("%s has no %s: the export carries no normalisation statistics", checkpoint_dir, NORM_STATS)
+    return out_dir
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint_dir", help="a checkpoint_step_N folder")
+    parser.add_argument("out_dir", help="the export folder (must be empty unless --overwrite)")
+    parser.add_argument("--max-shard-size", default=f"{DEFAULT_SHARD_BYTES // 2 ** 30}GiB",
+                        help="largest safetensors file before sharding, e.g. 5GB, 500MB, 2GiB (default 5GiB)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in out_dir")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        out = export_checkpoint(args.checkpoint_dir, args.out_dir, parse_size(args.max_shard_size),
+                                args.overwrite)
+    except (ExportError, FinetuneError, ModelLoadError) as e:
+        sys.exit(f"export failed: {e}")
+    print(f"exported {args.checkpoint_dir} -> {out} ({', '.join(sorted(os.listdir(out)))})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Fine-tune start: load weights only, from one of our checkpoints or an exported folder.
+
+`finetune.checkpoint_path` may be
+- a `checkpoint_step_N/` folder: the module weights in `engine/mp_rank_00_model_states.pt`
+  (DeepSpeed; under ZeRO-1/2 these are the model's own weights: exact in fp32, the bf16
+  copy under bf16_mixed) or `engine/model.pt` (DDP);
+- an exported folder (`python -m utils.export`): `config.json` + `model.safetensors`, or
+  shards `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`.
+Missing and unexpected keys are logged. A key whose shape changed is skipped (left at its
+fresh init) only when a `finetune.allow_shape_mismatch` regex matches its whole name (for a
+new action_dim: `action_expert\\.(action_encoder\\.0|proj_out)\\..*`); otherwise it is an
+error. A path that does not load, or a checkpoint that shares no tensor with the model, is
+an error: never a silent random initialisation.
+"""
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+import torch
+
+from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_state_dict
+from utils.checkpoint import MARKER
+
+log = logging.getLogger(__name__)
+
+DEEPSPEED_WEIGHTS = os.path.join("engine", "mp_rank_00_model_states.pt")
+DDP_WEIGHTS = os.path.join("engine", "model.pt")
+EXPECTED = (f"a checkpoint_step_N folder (with {DEEPSPEED_WEIGHTS} or {DDP_WEIGHTS}) or an exported "
+            f"folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or shards + {INDEX_NAME})")
+
+
+class FinetuneError(RuntimeError):
+    """Weights that cannot start a fine-tune: the message names the path, the key and what was expected."""
+
+
+@dataclass
+class FinetuneReport:
+    source: str
+    loaded: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)
+    """In the model, not in the checkpoint: left at their fresh init."""
+    unexpected: List[str] = field(default_factory=list)
+    """In the checkpoint, not in the model: ignored."""
+    skipped: List[Tuple[str, tuple, tuple]] = field(default_factory=list)
+    """(key, checkpoint shape, model shape) of keys skipped under allow_shape_mismatch."""
+
+    def summary(self):
+        lines = [f"fine-tune weights from {self.source}: {len(self.loaded)} tensors loaded"]
+        if self.missing:
+            lines.append(f"  missing (fresh init): {', '.join(self.missing)}")
+        if self.unexpected:
+            lines.append(f"  unexpected (ignored): {', '.join(self.unexpected)}")
+        for key, saved, current in self.skipped:
+            lines.append(f"  shape changed, allowed (fresh init): {key} {saved} -> {current}")
+        return "\n".join(lines)
+
+
+def _load_torch(path, key):
+    try:
+        # weights only: fine-tune paths may come from elsewhere, and these files hold only tensors
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as e:  # name the file; torch's message says what broke
+        raise FinetuneError(f"{key}: could not load '{path}': {e}") from e
+
+
+def read_weights(path, key="finetune.checkpoint_path"):
+    """The model weights at `path` as {name: tensor} (see the module docstring for the layouts);
+    `key` names the setting or argument the path came from, for the error messages."""
+    if not os.path.exists(path):
+        raise FinetuneError(f"{key} '{path}' does not exist; expected {EXPECTED}")
+    if not os.path.isdir(path):
+        raise FinetuneError(f"{key} '{path}' is a file; expected {EXPECTED}")
+    in_checkpoint = [f for f in (DEEPSPEED_WEIGHTS, DDP_WEIGHTS) if os.path.isfile(os.path.join(path, f))]
+    if in_checkpoint and not os.path.isfile(os.path.join(path, MARKER)):
+        raise FinetuneError(f"{key} '{path}' has no {MARKER} marker: its save was interrupted; "
+                            "pick a complete checkpoint")
+    if os.path.isfile(os.path.join(path, DEEPSPEED_WEIGHTS)):
+        saved = _load_torch(os.path.join(path, DEEPSPEED_WEIGHTS), key)
+        if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
+            raise FinetuneError(f"'{os.path.join(path, DEEPSPEED_WEIGHTS)}' has no 'module' weights; "
+                                "expected a file written by DeepSpeed's save_checkpoint")
+        return saved["module"]
+    if os.path.isfile(os.path.join(path, DDP_WEIGHTS)):
+        return _load_torch(os.path.join(path, DDP_WEIGHTS), key)
+    if any(os.path.isfile(os.path.join(path, f)) for f in (WEIGHTS_NAME, INDEX_NAME)):
+        try:
+            return read_state_dict(path)
+        except Exception as e:  # a truncated or foreign file: name the folder
+            raise FinetuneError(f"{key}: could not read the weights in '{path}': {e}") from e
+    raise FinetuneError(f"{key} '{path}' holds no weights; expected {EXPECTED}")
+
+
+def _allowed(key, patterns):
+    return any(re.fullmatch(p, key) for p in patterns)
+
+
+@torch.no_grad()
+def load_finetune_weights(model, path, allow_shape_mismatch=()):
+    """Copy the weights at `path` into `model` (in place); returns a FinetuneReport (also logged)."""
+    saved = read_weights(path)
+    current = model.state_dict()
+    report = FinetuneReport(source=path)
+    wrong = []
+    for key, tensor in saved.items():
+        if key not in current:
+            report.unexpected.append(key)
+        elif tensor.shape != current[key].shape:
+            entry = (key, tuple(tensor.shape), tuple(current[key].shape))
+            (report.skipped if _allowed(key, allow_shape_mismatch) else wrong).append(entry)
+        else:
+            report.loaded.append(key)
+    if wrong:
+        listed = "; ".join(f"{k}: checkpoint {a}, model {b}" for k, a, b in wrong)
+        raise FinetuneError(f"'{path}': shapes differ from the model's and no finetune.allow_shape_mismatch "
+                            f"pattern allows it: {listed}. Add a pattern matching the whole key "
+                            "(e.g. 'action_expert\\.proj_out\\..*') to start those tensors fresh")
+    if not report.loaded:
+        raise FinetuneError(f"'{path}' shares no tensor with the model (checkpoint keys such as "
+                            f"{sorted(saved)[:3]}, model keys such as {sorted(current)[:3]}): "
+                            "refusing to fine-tune from random weights")
+    report.missing = sorted(set(current) - set(saved))
+    model.load_state_dict({k: saved[k] for k in report.loaded}, strict=False)
+    (log.warning if report.missing or report.unexpected or report.skipped else log.info)(report.summary())
+    return report
