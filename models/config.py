@@ -28,9 +28,9 @@ class VLMConfig:
 @dataclass
 class VLMAdapterConfig:
     input_dim: int = 2048
-    """Width of the VLM's last hidden states."""
+    """Width of the VLM's last hidden states (2048 for Qwen3-VL-2B, 32 for tiny); checked against the VLM."""
     projector_type: str = "mlp3x_silu"
-    """Adapter from VLM features to the understanding expert's width."""
+    """Adapter from VLM features to the understanding expert's width (Linear, SiLU, Linear, SiLU, Linear)."""
 
 
 @dataclass
@@ -38,7 +38,9 @@ class ActionExpertConfig:
     hidden_size: Optional[int] = None
     """Width of the action expert; null: the size table's."""
     ffn_dim_multiplier: int = 4
+    """FFN width = hidden_size * this."""
     norm_eps: float = 1e-5
+    """Epsilon of the expert's LayerNorms and q/k RMSNorms."""
     num_registers: int = 4
     """Learned register tokens appended in fine-tune mode."""
 
@@ -48,7 +50,9 @@ class UndExpertConfig:
     hidden_size: Optional[int] = None
     """Width of the understanding expert; null: the size table's."""
     ffn_dim_multiplier: int = 4
+    """FFN width = hidden_size * this."""
     norm_eps: float = 1e-5
+    """Epsilon of the expert's LayerNorms and q/k RMSNorms."""
     vlm: VLMAdapterConfig = field(default_factory=VLMAdapterConfig)
 
 
@@ -58,22 +62,27 @@ class TimeDistributionConfig:
     timestep_sample_method: str = "logit_normal"
     """logit_normal: s = sigmoid(sigmoid_scale * N(0,1)); uniform: Motus's discrete shifted schedule."""
     sigmoid_scale: float = 1.0
+    """logit_normal: the standard deviation of the normal before the sigmoid."""
     min_t: float = 0.0
-    """Samples are clamped into [min_t, max_t]."""
+    """Lower clamp of the noise level: samples are clamped into [min_t, max_t] after the shift."""
     max_t: float = 1.0
+    """Upper clamp of the noise level (after the shift)."""
     shift: float = 1.0
-    """Timestep shift s' = shift * s / (1 + (shift - 1) * s); 1.0 leaves s unchanged."""
+    """Timestep shift s' = shift * s / (1 + (shift - 1) * s); 1.0 leaves s unchanged (Motus: uniform, 5.0)."""
 
 
 @dataclass
 class InferenceConfig:
     num_inference_timesteps: int = 10
+    """Euler steps from noise level 1 to 0 in WorldModel.sample."""
 
 
 @dataclass
 class LossWeightsConfig:
     video_loss_weight: float = 1.0
+    """w_v in loss = w_v * video_loss + w_a * action_loss."""
     action_loss_weight: float = 1.0
+    """w_a in loss = w_v * video_loss + w_a * action_loss."""
 
 
 @dataclass

@@ -27,6 +27,13 @@ def seed_everything(seed, rank):
     torch.manual_seed(seed + rank)
 
 
+def noise_seeds(seed, step, batch):
+    """One noise seed per sample from (seed, step, episode, frame): the noise a sample gets is the
+    same whatever the number of processes and after a resume."""
+    ep, frame = batch["episode_index"].long().cpu(), batch["frame_index"].long().cpu()
+    return (seed * 1_000_003 + step) * 1_000_000_007 + ep * 1_000_003 + frame
+
+
 def to_device(batch, device):
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
@@ -46,7 +53,7 @@ def validate(engine, encoders, loader, cfg, step):
             if i >= cfg.system.val_batches:
                 break
             inputs = encoders.encode(to_device(batch, engine.device))
-            inputs["sample_step"] = 0  # the same noise at every validation
+            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, 0, batch)  # the same noise every time
             out = engine.model(inputs)
             for k in sums:
                 sums[k] += out[k].float().item()

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
-from train.steps import TrainerState, seed_everything, to_device, validate  # noqa: E402
+from train.steps import TrainerState, noise_seeds, seed_everything, to_device, validate  # noqa: E402
 from utils import dist  # noqa: E402
 from utils.checkpoint import Checkpointer  # noqa: E402
 from utils.config import ConfigError, config_stem, load_config, save_config  # noqa: E402
@@ -142,9 +142,9 @@ def main(argv=None):
         lrs = schedule.apply(engine)  # the lr of this update, set before it
         step = state.step + 1
         for micro in range(ga):
-            batch = to_device(next(stream), engine.device)
-            inputs = encoders.encode(batch)
-            inputs["sample_step"] = step
+            batch = next(stream)
+            inputs = encoders.encode(to_device(batch, engine.device))
+            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, step, batch)
             out = engine.micro_step(inputs, is_last=micro == ga - 1)
             for k in ("loss", "video_loss", "action_loss"):
                 loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga

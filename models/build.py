@@ -1,0 +1,137 @@
+"""`build_world_model(cfg)`: the trainable WorldModel and the FrozenEncoders, from the config.
+
+Paths in the config load local folders (models/loading.py); a null path builds the part
+with random init from the size table, and says so in the log.
+"""
+import logging
+
+import torch
+from omegaconf import OmegaConf
+
+from models import tiny_assets
+from models.encoders import FrozenEncoders
+from models.loading import load_part, load_tokenizer_or_processor
+from models.serialization import ModelLoadError
+from models.sizes import get_size
+from models.world_model import WorldModel
+
+log = logging.getLogger(__name__)
+
+
+def vae_compression(vae_config):
+    """(temporal, spatial) compression of an AutoencoderKLWan config: frames per latent frame after
+    the first, and pixels per latent cell (2x per downsampling stage, times the patchify)."""
+    spatial = 2 ** (len(vae_config["dim_mult"]) - 1) * (vae_config["patch_size"] or 1)
+    return 2 ** sum(bool(t) for t in vae_config["temperal_downsample"]), spatial
+
+
+def check_geometry(cfg, vae_config, wan_config):
+    """Frames and pixels must fit the VAE's compression and Wan's patches."""
+    c, (temporal, spatial) = cfg.common, vae_compression(vae_config)
+    if c.num_video_frames % temporal:
+        raise ValueError(f"common.num_video_frames is {c.num_video_frames}; the VAE needs a multiple of "
+                         f"{temporal} (1 condition frame + {temporal}k frames)")
+    step = spatial * wan_config["patch_size"][-1]
+    if c.video_height % step or c.video_width % step:
+        raise ValueError(f"common.video_height/width are {c.video_height}x{c.video_width}; both must be "
+                         f"multiples of {step} (VAE x{spatial}, Wan patch {wan_config['patch_size'][-1]})")
+
+
+def model_spec(cfg, size, wan_config, vae_config, vlm_dim):
+    """The JSON-able architecture description WorldModel is built from (and saved as config.json)."""
+    m = cfg.model
+    return {
+        "wan": {k: (list(v) if isinstance(v, tuple) else v) for k, v in wan_config.items()
+                if not k.startswith("_")},
+        "action_hidden": m.action_expert.hidden_size or size.action_hidden,
+        "und_hidden": m.und_expert.hidden_size or size.und_hidden,
+        "vlm_dim": vlm_dim,
+        "action_dim": cfg.common.action_dim,
+        "state_dim": cfg.common.state_dim,
+        "action_chunk_size": cfg.common.num_video_frames * cfg.common.video_action_freq_ratio,
+        "latent_frames": 1 + cfg.common.num_video_frames // vae_compression(vae_config)[0],
+        "model": OmegaConf.to_container(m, resolve=True),
+    }
+
+
+def _random(what, key, warn=True):
+    (log.warning if warn else log.info)("%s is null: %s built with RANDOM init from the size table", key, what)
+
+
+def build_video_expert(cfg, size):
+    from diffusers import WanTransformer3DModel
+
+    path = cfg.model.wan.checkpoint_path
+    if path is None:
+        _random("the Wan video transformer", "model.wan.checkpoint_path", warn=cfg.model.size != "tiny")
+        return None, dict(size.wan)
+    video = load_part(WanTransformer3DModel, path, "model.wan.checkpoint_path", "transformer")
+    return video, dict(video.config)
+
+
+def build_encoders(cfg, size):
+    from diffusers import AutoencoderKLWan
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration, UMT5EncoderModel
+
+    # frozen parts are loaded straight in their compute dtype: umT5-XXL alone is 23 GB in fp32
+    wan, dtype = cfg.model.wan, torch.float32 if cfg.model.precision == "fp32" else torch.bfloat16
+    if wan.vae_path is None:
+        _random("the VAE", "model.wan.vae_path")
+        vae = tiny_assets.build_vae(size)
+    else:
+        vae = load_part(AutoencoderKLWan, wan.vae_path, "model.wan.vae_path", "vae", torch_dtype=dtype)
+    tokenizer = None
+    if wan.text_encoder_path is None or cfg.model.vlm.checkpoint_path is None:
+        tokenizer = tiny_assets.build_tokenizer()
+    if wan.text_encoder_path is None:
+        _random("the umT5 text encoder (and a locally trained tokenizer)", "model.wan.text_encoder_path")
+        text_encoder, text_tokenizer = tiny_assets.build_text_encoder(size), tokenizer
+    else:
+        text_encoder = load_part(UMT5EncoderModel, wan.text_encoder_path, "model.wan.text_encoder_path",
+                                 "text_encoder", dtype=dtype)
+        text_tokenizer = load_tokenizer_or_processor(AutoTokenizer.from_pretrained, wan.text_encoder_path,
+                                                     "model.wan.text_encoder_path", ["tokenizer"])
+    path = cfg.model.vlm.checkpoint_path
+    if path is None:
+        _random("the Qwen3-VL model (and a local tokenizer/image processor)", "model.vlm.checkpoint_path")
+        vlm, vlm_tokenizer, image_processor = (tiny_assets.build_vlm(tokenizer, size), tokenizer,
+                                               tiny_assets.build_image_processor(size))
+    else:
+        vlm = load_part(Qwen3VLForConditionalGeneration, path, "model.vlm.checkpoint_path", "vlm", dtype=dtype)
+        vlm_tokenizer = load_tokenizer_or_processor(AutoTokenizer.from_pretrained, path,
+                                                    "model.vlm.checkpoint_path", [])
+        image_processor = load_tokenizer_or_processor(AutoImageProcessor.from_pretrained, path,
+                                                      "model.vlm.checkpoint_path", [])
+    return FrozenEncoders(vae, text_encoder, text_tokenizer, size.text_len, vlm, vlm_tokenizer,
+                          image_processor, dtype).to("cpu")
+
+
+def _check_fit(cfg, wan_config, encoders):
+    """The loaded parts must agree on widths: say which key or folder disagrees."""
+    z_dim, text_dim = encoders.vae.config.z_dim, encoders.text_encoder.config.d_model
+    vlm_dim = encoders.vlm.config.text_config.hidden_size
+    checks = [("in_channels", wan_config["in_channels"], "the VAE's z_dim", z_dim),
+              ("text_dim", wan_config["text_dim"], "the text encoder's d_model", text_dim)]
+    for name, have, what, want in checks:
+        if have != want:
+            raise ModelLoadError(f"the Wan transformer's {name} is {have} but {what} is {want}: "
+                                 "model.wan.checkpoint_path, vae_path and text_encoder_path must belong together")
+    if cfg.model.und_expert.vlm.input_dim != vlm_dim:
+        raise ModelLoadError(f"model.und_expert.vlm.input_dim is {cfg.model.und_expert.vlm.input_dim} but the "
+                             f"VLM's hidden size is {vlm_dim}; set it to {vlm_dim}")
+
+
+def build_world_model(cfg):
+    """-> (WorldModel on CPU, every parameter trainable; FrozenEncoders on CPU)."""
+    size = get_size(cfg.model.size)
+    tiny_assets.ensure_tiny_assets(cfg)
+    video, wan_config = build_video_expert(cfg, size)
+    encoders = build_encoders(cfg, size)
+    check_geometry(cfg, encoders.vae.config, wan_config)
+    _check_fit(cfg, wan_config, encoders)
+    spec = model_spec(cfg, size, wan_config, encoders.vae.config, cfg.model.und_expert.vlm.input_dim)
+    model = WorldModel(spec, video=video).apply_precision()
+    n_train = sum(p.numel() for p in model.parameters())
+    log.info("world model %s: %.1fM trainable parameters, precision %s", cfg.model.size, n_train / 1e6,
+             cfg.model.precision)
+    return model, encoders

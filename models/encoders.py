@@ -1,0 +1,118 @@
+"""The frozen parts: Wan VAE, umT5 text encoder, Qwen3-VL. No gradients, eval mode, never in
+the optimizer. `encode(batch)` turns a raw batch into model inputs; keys a latent cache
+already provides pass through untouched.
+"""
+import logging
+from collections import OrderedDict
+
+import torch
+
+log = logging.getLogger(__name__)
+
+TEXT_CACHE_SIZE = 1024  # instructions are few per dataset; each entry is [text_len, text_dim]
+
+
+class FrozenEncoders:
+    """Holds vae, text_encoder + tokenizer, vlm + vlm_tokenizer + image_processor (see build.py)."""
+
+    def __init__(self, vae, text_encoder, tokenizer, text_len, vlm, vlm_tokenizer, image_processor, dtype):
+        self.vae, self.text_encoder, self.vlm = vae, text_encoder, vlm
+        self.tokenizer, self.vlm_tokenizer, self.image_processor = tokenizer, vlm_tokenizer, image_processor
+        self.text_len, self.dtype = text_len, dtype
+        self.device = torch.device("cpu")
+        self._text_cache = OrderedDict()
+        for module in self.modules():
+            module.requires_grad_(False).eval()
+        vcfg = vae.config
+        self._latents_mean = torch.tensor(vcfg.latents_mean).view(1, -1, 1, 1, 1)
+        self._latents_std = torch.tensor(vcfg.latents_std).view(1, -1, 1, 1, 1)
+
+    def modules(self):
+        return [self.vae, self.text_encoder, self.vlm]
+
+    def to(self, device):
+        self.device = torch.device(device)
+        for module in self.modules():
+            module.to(self.device)
+            if next(module.parameters()).dtype != self.dtype:  # skip no-op casts (diffusers warns on them)
+                module.to(self.dtype)
+        self._text_cache.clear()
+        return self
+
+    # ---- video -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_video(self, video):
+        """video [B, 1 + F, 3, H, W] in [-1, 1] -> normalised latents [B, z, T, h, w] (posterior mean)."""
+        x = video.to(self.device, self.dtype).permute(0, 2, 1, 3, 4)
+        mu = self.vae.encode(x).latent_dist.mean.float()
+        return (mu - self._latents_mean.to(mu.device)) / self._latents_std.to(mu.device)
+
+    @torch.no_grad()
+    def decode_video(self, latents):
+        """Normalised latents [B, z, T, h, w] -> pixels [B, frames, 3, H, W] in [-1, 1]."""
+        z = latents.to(self.device).float() * self._latents_std.to(self.device) + self._latents_mean.to(self.device)
+        pixels = self.vae.decode(z.to(self.dtype)).sample.float().clamp(-1, 1)
+        return pixels.permute(0, 2, 1, 3, 4)
+
+    # ---- text (umT5), cached per instruction -------------------------------------------------
+    @torch.no_grad()
+    def encode_text(self, instructions):
+        """-> text_embeds [B, text_len, text_dim] (zero past the prompt), text_mask bool [B, text_len]."""
+        missing = [t for t in dict.fromkeys(instructions) if t not in self._text_cache]
+        if missing:
+            tok = self.tokenizer(missing, padding="max_length", max_length=self.text_len, truncation=True,
+                                 return_tensors="pt")
+            ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
+            hidden = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            hidden = hidden * mask[..., None]
+            for i, text in enumerate(missing):
+                self._text_cache[text] = (hidden[i], mask[i].bool())
+                if len(self._text_cache) > TEXT_CACHE_SIZE:
+                    self._text_cache.popitem(last=False)
+        embeds, masks = zip(*(self._text_cache[t] for t in instructions))
+        return torch.stack(embeds), torch.stack(masks)
+
+    # ---- VLM (Qwen3-VL) on the first frame + instruction ----------------------------------------
+    def _vlm_prompt(self, num_image_tokens, instruction):
+        # Qwen3-VL's chat template for one user turn holding an image and a text
+        return ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * num_image_tokens
+                + "<|vision_end|>" + instruction + "<|im_end|>\n")
+
+    @torch.no_grad()
+    def encode_vlm(self, frames, instructions):
+        """frames [B, 3, H, W] in [-1, 1] -> last hidden states [B, L, vlm_dim] and mask bool [B, L]."""
+        images = [((f.float().cpu() + 1) / 2).clamp(0, 1) for f in frames]
+        pix = self.image_processor(images=images, do_rescale=False, return_tensors="pt")
+        merge = self.image_processor.merge_size ** 2
+        counts = (pix["image_grid_thw"].prod(-1) // merge).tolist()
+        prompts = [self._vlm_prompt(n, t) for n, t in zip(counts, instructions)]
+        pad_id = self.vlm_tokenizer.pad_token_id if self.vlm_tokenizer.pad_token_id is not None else 0
+        rows = [self.vlm_tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        length = max(len(r) for r in rows)
+        ids = torch.tensor([r + [pad_id] * (length - len(r)) for r in rows])
+        mask = torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows])
+        image_id = self.vlm.config.image_token_id
+        mm_token_type_ids = (ids == image_id).long()  # 1 marks image tokens for the multimodal rope
+        out = self.vlm.model(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+            pixel_values=pix["pixel_values"].to(self.device, self.dtype),
+            image_grid_thw=pix["image_grid_thw"].to(self.device),
+            mm_token_type_ids=mm_token_type_ids.to(self.device), use_cache=False)
+        return out.last_hidden_state.float(), mask.to(self.device).bool()
+
+    # ---- a whole batch -------------------------------------------------------------------------
+    def encode(self, batch):
+        """Raw batch -> model inputs; cached keys (video_latents, text_embeds, vlm_features) pass through."""
+        inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        if "video_latents" not in inputs:
+            inputs["video_latents"] = self.encode_video(inputs.pop("video"))
+        if "text_embeds" not in inputs:
+            inputs["text_embeds"], inputs["text_mask"] = self.encode_text(list(batch["instruction"]))
+        if "vlm_features" not in inputs:
+            first = batch["video"][:, 0] if "video" in batch else None
+            if first is None:
+                raise KeyError("the batch has video_latents but no vlm_features: the VLM needs the raw first "
+                               "frame; build the cache with VLM features or pass 'video'")
+            inputs["vlm_features"], inputs["vlm_mask"] = self.encode_vlm(first, list(batch["instruction"]))
+        inputs.pop("video", None)
+        return inputs

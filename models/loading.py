@@ -1,0 +1,63 @@
+"""Load pretrained parts from local diffusers/transformers folders, or fail saying why.
+
+A folder may be the part itself (config.json + weights) or a diffusers pipeline root
+(model_index.json) with the part in its usual subfolder (transformer/, vae/,
+text_encoder/ + tokenizer/). A path that does not load is always an error naming the
+path and what was missing; a missing weight is never left at random init.
+"""
+import glob
+import logging
+import os
+
+from models.serialization import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def resolve_folder(path, key, subfolder):
+    """The folder holding the part: `path`, or `path/subfolder` for a pipeline root."""
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{key}: '{path}' does not exist (expected a local folder saved with "
+                             "save_pretrained; downloads are not attempted)")
+    if not os.path.isdir(path):
+        raise ModelLoadError(f"{key}: '{path}' is a file; expected a folder with config.json and weights")
+    if not os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, subfolder)):
+        path = os.path.join(path, subfolder)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ModelLoadError(f"{key}: '{path}' has no config.json (nor a '{subfolder}/' subfolder with one)")
+    if not any(glob.glob(os.path.join(path, p)) for p in WEIGHT_PATTERNS):
+        raise ModelLoadError(f"{key}: '{path}' has a config.json but no weights (*.safetensors or *.bin)")
+    return path
+
+
+def load_part(cls, path, key, subfolder, **kwargs):
+    """`cls.from_pretrained` on a local folder; missing or mismatched weights are an error."""
+    folder = resolve_folder(path, key, subfolder)
+    try:
+        model, info = cls.from_pretrained(folder, output_loading_info=True, local_files_only=True, **kwargs)
+    except Exception as e:  # name the folder and the part; the library's message says what broke
+        raise ModelLoadError(f"{key}: could not load {cls.__name__} from '{folder}': {e}") from e
+    missing = list(info.get("missing_keys", []))
+    mismatched = list(info.get("mismatched_keys", []))
+    if missing or mismatched:
+        raise ModelLoadError(f"{key}: '{folder}' lacks weights of {cls.__name__}: missing {missing[:5]}, "
+                             f"mismatched {mismatched[:5]} (they would be left at random init)")
+    log.info("%s: loaded %s from %s", key, cls.__name__, folder)
+    return model
+
+
+def load_tokenizer_or_processor(loader, path, key, subfolders):
+    """A tokenizer/processor from `path` or one of its `subfolders` (pipeline layout)."""
+    candidates = [path] + [os.path.join(path, s) for s in subfolders]
+    errors = []
+    for folder in candidates:
+        if not os.path.isdir(folder):
+            continue
+        try:
+            return loader(folder, local_files_only=True)
+        except Exception as e:  # try the next layout, report all of them if none works
+            errors.append(f"{folder}: {e}")
+    raise ModelLoadError(f"{key}: no loadable {loader.__self__.__name__} in '{path}' "
+                         f"(looked in {', '.join(candidates)}): {'; '.join(errors) or 'no such folder'}")

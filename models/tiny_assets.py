@@ -1,0 +1,166 @@
+"""Build the tiny frozen parts locally, so the default recipe needs no download at all.
+
+`python -m models.tiny_assets <dir>` writes, with `save_pretrained`:
+  <dir>/text_encoder  UMT5EncoderModel + tokenizer
+  <dir>/vlm           Qwen3VLForConditionalGeneration + tokenizer + image processor
+  <dir>/vae           AutoencoderKLWan (latents_mean/std measured on smooth random videos)
+They load through the same `from_pretrained` code as real weights (models/encoders.py).
+The tokenizer is a byte-level BPE trained with the `tokenizers` library: any text encodes.
+Everything is seeded, so two processes building the same folder write the same files.
+"""
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+
+import torch
+
+from models.serialization import ModelLoadError
+from models.sizes import TINY, TINY_VOCAB
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["<pad>", "</s>", "<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                  "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+WORDS = ("pick up place put push pull move open close lift stack grasp release rotate turn slide press "
+         "the a an to on in into onto from of and with left right up down forward back top bottom "
+         "red green blue yellow black white orange purple block cube cup bowl box drawer door lid "
+         "plate bottle ball object table shelf tray robot arm gripper hand target goal task reach").split()
+PARTS = ("text_encoder", "vlm", "vae")
+STAMP = "tiny_size.json"
+
+
+def build_tokenizer(texts=()):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = [" ".join(WORDS[i:i + 8]) for i in range(0, len(WORDS), 4)] + list(texts)
+    tok.train_from_iterator(corpus * 4, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+
+
+def build_text_encoder(size=TINY, seed=0):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(seed)
+    return UMT5EncoderModel(UMT5Config(**size.text_encoder)).eval()
+
+
+def build_vlm(tokenizer, size=TINY, seed=1):
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    torch.manual_seed(seed)
+    config = Qwen3VLConfig(text_config=dict(size.vlm_text, pad_token_id=tokenizer.pad_token_id),
+                           vision_config=size.vlm_vision, **size.vlm_extra, **ids)
+    return Qwen3VLForConditionalGeneration(config).eval()
+
+
+def build_image_processor(size=TINY):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    vis = size.vlm_vision
+    factor = vis["patch_size"] * vis["spatial_merge_size"]
+    # small pixel bounds keep a 64x64 frame at a handful of vision tokens (the 2B's default is 256x256+)
+    return Qwen2VLImageProcessorPil(patch_size=vis["patch_size"], temporal_patch_size=vis["temporal_patch_size"],
+                                    merge_size=vis["spatial_merge_size"],
+                                    size={"shortest_edge": factor * factor, "longest_edge": 16 * factor * factor})
+
+
+def build_vae(size=TINY, seed=2, frames=5, height=64, width=64):
+    """A random AutoencoderKLWan whose latents_mean/std are measured, so normalised latents are ~N(0, 1)."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLWan(**size.vae).eval()
+    gen = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(4, 3, frames, height // 16, width // 16, generator=gen) * 2 - 1
+    video = torch.nn.functional.interpolate(coarse, size=(frames, height, width), mode="trilinear")
+    with torch.no_grad():
+        mu = vae.encode(video).latent_dist.mean
+    mean = mu.mean(dim=(0, 2, 3, 4))
+    std = mu.std(dim=(0, 2, 3, 4)).clamp_min(1e-6)
+    vae.register_to_config(latents_mean=[round(float(x), 6) for x in mean],
+                           latents_std=[round(float(x), 6) for x in std])
+    return vae
+
+
+def _stamp():
+    return json.dumps(dataclasses.asdict(TINY), sort_keys=True)
+
+
+def build_tiny_assets(directory, texts=()):
+    """Write the three folders under `directory` (atomically: a half-written folder never appears),
+    plus a stamp of the tiny size table they were built from."""
+    stamp = os.path.join(directory, STAMP)
+    if all(os.path.isdir(os.path.join(directory, p)) for p in PARTS):
+        if not os.path.isfile(stamp) or open(stamp).read() != _stamp():
+            raise ModelLoadError(f"'{directory}' holds tiny frozen parts built for another tiny size table "
+                                 "(models/sizes.py changed); delete the folder and it is rebuilt on the next run")
+        return directory
+    parent = os.path.dirname(os.path.abspath(directory))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tiny_assets_", dir=parent)
+    try:
+        tokenizer = build_tokenizer(texts)
+        build_text_encoder().save_pretrained(os.path.join(tmp, "text_encoder"))
+        tokenizer.save_pretrained(os.path.join(tmp, "text_encoder"))
+        build_vlm(tokenizer).save_pretrained(os.path.join(tmp, "vlm"))
+        tokenizer.save_pretrained(os.path.join(tmp, "vlm"))
+        build_image_processor().save_pretrained(os.path.join(tmp, "vlm"))
+        build_vae().save_pretrained(os.path.join(tmp, "vae"))
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(tmp, STAMP), "w") as f:
+            f.write(_stamp())
+        os.replace(os.path.join(tmp, STAMP), stamp)  # identical content from every builder
+        for part in PARTS:
+            try:
+                os.rename(os.path.join(tmp, part), os.path.join(directory, part))
+            except OSError:  # another process finished this part first; its files are identical
+                if not os.path.isdir(os.path.join(directory, part)):
+                    raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built tiny frozen parts (tokenizer, UMT5, Qwen3-VL, VAE) under %s", directory)
+    return directory
+
+
+def tiny_assets_dir(cfg):
+    """The <dir> that model.wan.text_encoder_path, model.wan.vae_path and model.vlm.checkpoint_path
+    share as <dir>/text_encoder, <dir>/vae and <dir>/vlm; None if they do not follow that layout."""
+    paths = (cfg.model.wan.text_encoder_path, cfg.model.vlm.checkpoint_path, cfg.model.wan.vae_path)
+    if any(p is None for p in paths):
+        return None
+    parents = {os.path.dirname(os.path.normpath(p)) for p in paths}
+    names = tuple(os.path.basename(os.path.normpath(p)) for p in paths)
+    return parents.pop() if len(parents) == 1 and names == PARTS else None
+
+
+def ensure_tiny_assets(cfg):
+    """For model.size tiny, build the frozen parts where the config points if they are missing."""
+    directory = tiny_assets_dir(cfg)
+    if cfg.model.size != "tiny" or directory is None:
+        return None
+    return build_tiny_assets(directory)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", help="where to write text_encoder/, vlm/ and vae/")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    print(build_tiny_assets(args.directory))
+
+
+if __name__ == "__main__":
+    main()

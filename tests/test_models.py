@@ -1,0 +1,333 @@
+"""The world model: tiny shapes and losses, gradients, the noise-level law, inference modes,
+export round trip, full-size counts on meta, loading errors."""
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from models import ModelLoadError, build_world_model  # noqa: E402
+from models.flow import MODES, sample_noise_levels, shift_noise_levels  # noqa: E402
+from models.config import TimeDistributionConfig  # noqa: E402
+from utils.config import load_config  # noqa: E402
+
+TINY_YAML = """
+common: {{action_dim: 4, state_dim: 4, num_video_frames: 4, video_height: 64, video_width: 64,
+         global_downsample_rate: 2, video_action_freq_ratio: 2}}
+model:
+  size: tiny
+  wan: {{vae_path: {d}/vae, text_encoder_path: {d}/text_encoder}}
+  vlm: {{checkpoint_path: {d}/vlm}}
+  und_expert: {{vlm: {{input_dim: 32}}}}
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # tiny matrices: a second thread only adds contention on a shared 2-core machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_yaml(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    path = root / "tiny.yaml"
+    path.write_text(TINY_YAML.format(d=root / "assets"))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_yaml):
+    torch.manual_seed(0)
+    model, encoders = build_world_model(load_config(tiny_yaml))  # builds the assets on first use
+    assert float(model.action_expert.proj_out.weight.detach().abs().sum()) == 0.0  # zero-initialised decoder
+    with torch.no_grad():  # a decoder as after training, so the action paths show in the outputs
+        model.action_expert.proj_out.weight.normal_(0, 0.1)
+    gen = torch.Generator().manual_seed(0)
+    batch = {"video": torch.rand(2, 5, 3, 64, 64, generator=gen) * 2 - 1,
+             "state": torch.randn(2, 4, generator=gen), "actions": torch.randn(2, 8, 4, generator=gen),
+             "instruction": ["push the red cube left", "open the drawer"]}
+    return model, encoders, encoders.encode(batch)
+
+
+def test_tiny_shapes_and_weighted_loss(tiny):
+    model, encoders, inputs = tiny
+    assert inputs["video_latents"].shape == (2, 8, 2, 8, 8)  # z=8, 1 + 4/4 frames, 64/8 cells
+    assert inputs["text_embeds"].shape == (2, 16, 32) and inputs["text_mask"].dtype == torch.bool
+    assert inputs["vlm_features"].shape[0] == 2 and inputs["vlm_features"].shape[2] == 32
+    assert model.action_expert.positions.shape[1] == 13  # state, chunk of 8, 4 registers
+    assert inputs["vlm_mask"].sum(1).tolist()[0] > inputs["vlm_mask"].sum(1).tolist()[1]  # padded shorter prompt
+    # text embeddings are zero past the prompt, and cached per instruction
+    assert float(inputs["text_embeds"][~inputs["text_mask"]].abs().sum()) == 0.0
+    again, _ = encoders.encode_text(["open the drawer"])
+    assert torch.equal(again[0], inputs["text_embeds"][1])
+    out = {k: v.detach() for k, v in model(inputs, generator=torch.Generator().manual_seed(1)).items()}
+    assert out["loss"].dim() == 0 and math.isfinite(out["loss"].item())
+    assert float(out["loss"]) == pytest.approx(float(out["video_loss"] + out["action_loss"]), rel=1e-6)
+    # the model section's loss weights are applied
+    model.settings.loss_weights.video_loss_weight, model.settings.loss_weights.action_loss_weight = 2.0, 0.5
+    try:
+            out2 = model(inputs, generator=torch.Generator().manual_seed(1))["loss"].detach()
+    finally:
+        model.settings.loss_weights.video_loss_weight, model.settings.loss_weights.action_loss_weight = 1.0, 1.0
+    assert float(out2) == pytest.approx(2 * float(out["video_loss"]) + 0.5 * float(out["action_loss"]),
+                                                rel=1e-6)
+    pixels = encoders.decode_video(inputs["video_latents"])
+    assert pixels.shape == (2, 5, 3, 64, 64) and float(pixels.abs().max()) <= 1.0
+
+
+def test_first_latent_frame_is_clean_and_carries_no_loss(tiny, monkeypatch):
+    model, _, inputs = tiny
+    seen = {}
+    real = model.velocity
+
+    def spy(x_video, s_video, x_action, s_action, inp):
+        seen["frame0"] = x_video[:, :, 0].clone()
+        v_video, v_action = real(x_video, s_video, x_action, s_action, inp)
+        seen["v"] = v_video
+        return v_video, v_action
+
+    monkeypatch.setattr(model, "velocity", spy)
+    out = model(inputs, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(seen["frame0"], inputs["video_latents"][:, :, 0])
+
+    def garbage_frame0(*args):
+        v_video, v_action = real(*args)
+        v_video = v_video.clone()
+        v_video[:, :, 0] = 1e6
+        return v_video, v_action
+
+    monkeypatch.setattr(model, "velocity", garbage_frame0)
+    out2 = model(inputs, generator=torch.Generator().manual_seed(2))
+    assert float(out2["video_loss"]) == pytest.approx(float(out["video_loss"]), rel=1e-6)
+
+
+def test_gradients_reach_every_trainable_parameter_and_no_frozen_one(tiny):
+    model, encoders, inputs = tiny
+    model.zero_grad(set_to_none=True)
+    model(inputs, generator=torch.Generator().manual_seed(3))["loss"].backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+    zero = sorted(n for n, p in model.named_parameters() if float(p.grad.abs().sum()) == 0)
+    # only what no later layer reads: the last understanding block's query side, output and FFN
+    last = f"und_expert.layers.{len(model.und_expert.layers) - 1}."
+    assert zero == sorted(last + k for k in ("to_q.weight", "norm_q.weight", "to_out.weight", "ffn.0.weight",
+                                             "ffn.0.bias", "ffn.2.weight", "ffn.2.bias"))
+    assert all(p.requires_grad for p in model.parameters())
+    for module in encoders.modules():
+        assert all(not p.requires_grad and p.grad is None for p in module.parameters())
+        assert not module.training
+    model.zero_grad(set_to_none=True)
+
+
+def _probit(q):
+    return math.sqrt(2) * torch.erfinv(torch.as_tensor(2 * q - 1, dtype=torch.float64))
+
+
+def test_noise_level_law_follows_the_config():
+    n, gen = 20000, torch.Generator().manual_seed(0)
+    td = TimeDistributionConfig(timestep_sample_method="logit_normal", sigmoid_scale=1.5, min_t=0.05, max_t=0.97,
+                                shift=3.0)
+    s = sample_noise_levels(n, td, generator=gen).double().sort().values
+    qs = torch.linspace(0.05, 0.95, 19, dtype=torch.float64)
+    expected = shift_noise_levels(torch.sigmoid(1.5 * _probit(qs)), 3.0).clamp(0.05, 0.97)
+    empirical_cdf = torch.searchsorted(s, expected).double() / n
+    assert float((empirical_cdf - qs).abs().max()) < 0.02  # KS-style distance at 19 quantiles
+    assert float(s.min()) == pytest.approx(0.05) and float(s.max()) == pytest.approx(0.97)  # clamped
+    # uniform: Motus's discrete schedule s_j = 1 - j/1000 with shift 5 (sigma = 5 s / (1 + 4 s))
+    td = TimeDistributionConfig(timestep_sample_method="uniform", shift=5.0)
+    sig = sample_noise_levels(n, td, generator=gen).double()
+    s_back = sig / (5 - 4 * sig)  # invert the shift
+    j = (1 - s_back) * 1000
+    assert float((j - j.round()).abs().max()) < 1e-3 and int(j.round().min()) >= 0 and int(j.round().max()) <= 999
+    assert float((torch.sort(j).values - torch.linspace(0, 999, n, dtype=torch.float64)).abs().max()) < 25
+    assert float(sig.median()) == pytest.approx(5 * 0.5 / (1 + 4 * 0.5), abs=0.02)
+
+
+def test_training_really_uses_time_distribution(tiny):
+    model, _, inputs = tiny
+    td = model.settings.time_distribution
+    old = (td.min_t, td.max_t)
+    td.min_t = td.max_t = 0.3
+    try:
+        out = model(inputs, generator=torch.Generator().manual_seed(4))
+    finally:
+        td.min_t, td.max_t = old
+    assert float(out["noise_level_video"]) == pytest.approx(0.3) and float(out["noise_level_action"]) == pytest.approx(0.3)
+
+
+def test_inference_modes_respect_their_conditioning(tiny):
+    model, _, inputs = tiny
+    gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    out = {m: model.sample(inputs, m, num_steps=2, generator=gen()) for m in MODES}
+    for m, o in out.items():
+        assert o["video_latents"].shape == inputs["video_latents"].shape and o["actions"].shape == (2, 8, 4), m
+        assert torch.equal(o["video_latents"][:, :, 0], inputs["video_latents"][:, :, 0]), m
+        assert torch.isfinite(o["actions"]).all() and torch.isfinite(o["video_latents"]).all(), m
+    assert out["policy"]["video_latents"] is inputs["video_latents"]
+    assert out["inverse_dynamics"]["video_latents"] is inputs["video_latents"]
+    assert torch.equal(out["forward_dynamics"]["actions"], inputs["actions"])
+    assert out["video"]["actions"] is inputs["actions"]
+    assert not torch.equal(out["joint"]["video_latents"][:, :, 1:], inputs["video_latents"][:, :, 1:])
+    # policy integrates the future video out: changing it does not change the actions...
+    changed = dict(inputs, video_latents=inputs["video_latents"].clone())
+    changed["video_latents"][:, :, 1:] += 1.0
+    assert torch.equal(model.sample(changed, "policy", 2, gen())["actions"], out["policy"]["actions"])
+    # ...while inverse dynamics reads it
+    assert not torch.equal(model.sample(changed, "inverse_dynamics", 2, gen())["actions"],
+                           out["inverse_dynamics"]["actions"])
+    # forward dynamics reads the given actions
+    moved = dict(inputs, actions=inputs["actions"] + 1.0)
+    assert not torch.equal(model.sample(moved, "forward_dynamics", 2, gen())["video_latents"],
+                           out["forward_dynamics"]["video_latents"])
+    with pytest.raises(ValueError, match="expected one of"):
+        model.sample(inputs, "dream")
+
+
+@pytest.mark.parametrize("shard_bytes", [None, 20_000])
+def test_save_load_round_trip_is_exact(tiny, tmp_path, shard_bytes):
+    from models import WorldModel
+
+    model, _, inputs = tiny
+    kwargs = {} if shard_bytes is None else {"max_shard_bytes": shard_bytes}
+    model.save_pretrained(tmp_path, **kwargs)
+    files = os.listdir(tmp_path)
+    assert "config.json" in files
+    assert ("model.safetensors" in files) == (shard_bytes is None)
+    assert ("model.safetensors.index.json" in files) == (shard_bytes is not None)
+    loaded = WorldModel.from_pretrained(tmp_path)
+    a, b = model.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    la = model(inputs, generator=torch.Generator().manual_seed(6))["loss"].detach()
+    lb = loaded(inputs, generator=torch.Generator().manual_seed(6))["loss"].detach()
+    assert la.item() == lb.item()
+
+
+def test_precision_and_checkpointing_switches(tiny_yaml, tiny):
+    _, _, inputs = tiny
+    cfg = load_config(tiny_yaml, ["model.precision=bf16_mixed", "model.gradient_checkpointing=true"])
+    model, _ = build_world_model(cfg)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert dtypes["video.blocks.0.attn1.to_q.weight"] == torch.bfloat16
+    assert dtypes["video.blocks.0.scale_shift_table"] == torch.float32
+    assert dtypes["action_expert.time_embedder.0.weight"] == torch.float32
+    out = model(inputs, generator=torch.Generator().manual_seed(7))
+    out["loss"].backward()
+    assert math.isfinite(out["loss"].detach().item()) and model.video.proj_out.weight.grad is not None
+    # gradient checkpointing recomputes, it does not change the numbers
+    cfg = load_config(tiny_yaml)
+    torch.manual_seed(0)
+    plain, _ = build_world_model(cfg)
+    plain_loss = plain(inputs, generator=torch.Generator().manual_seed(8))["loss"]
+    plain_loss.backward()
+    plain_loss = plain_loss.detach()
+    plain.gradient_checkpointing = True
+    ckpt_grads = {n: p.grad.clone() for n, p in plain.named_parameters()}
+    plain.zero_grad(set_to_none=True)
+    ckpt_loss = plain(inputs, generator=torch.Generator().manual_seed(8))["loss"]
+    ckpt_loss.backward()
+    assert ckpt_loss.detach().item() == plain_loss.item()
+    assert all(torch.allclose(p.grad, ckpt_grads[n], atol=1e-6) for n, p in plain.named_parameters())
+
+
+def test_full_size_counts_on_meta(tmp_path):
+    from models.summary import summarize
+
+    path = tmp_path / "motus.yaml"
+    path.write_text("common: {action_dim: 14, state_dim: 14, num_video_frames: 8}\n"
+                    "model: {size: motus, precision: bf16_mixed}\n")
+    out = summarize(load_config(str(path)), gpus=8)
+    counts = out["parameters"]
+    published = {"video": 4_999_787_712, "action_expert": 641_527_822, "und_expert": 253_493_760,
+                 "vlm": 2_127_532_032}
+    for name, want in published.items():
+        assert abs(counts[name] - want) / want < 0.02, (name, counts[name], want)
+    assert counts["video"] == 4_999_787_712 and counts["vlm"] == 2_127_532_032
+    assert counts["action_expert"] == 641_527_822 and counts["vae"] == 704_688_668
+    mem = out["memory_gib_per_gpu"]
+    assert mem["zero0"]["optimizer_state"] == pytest.approx(8 * mem["zero1"]["optimizer_state"], rel=0.01)
+    assert mem["zero2"]["gradients"] == pytest.approx(mem["zero1"]["gradients"] / 8, rel=0.01)
+    path.write_text("common: {action_dim: 14, state_dim: 14, num_video_frames: 8}\n"
+                    "model: {size: motus, mode: pretrain}\n")
+    assert summarize(load_config(str(path)), gpus=1)["parameters"]["action_expert"] == 639_409_166
+
+
+def test_bad_paths_raise_clear_errors(tiny_yaml, tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(ModelLoadError, match=f"model.wan.checkpoint_path: '{missing}' does not exist"):
+        build_world_model(load_config(tiny_yaml, [f"model.wan.checkpoint_path={missing}"]))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="no weights"):
+        build_world_model(load_config(tiny_yaml, [f"model.vlm.checkpoint_path={empty}"]))
+    with pytest.raises(ModelLoadError, match="input_dim is 2048"):
+        build_world_model(load_config(tiny_yaml, ["model.und_expert.vlm.input_dim=2048"]))
+    # tiny frozen parts built from an older tiny size table are refused, not silently used
+    stale = tmp_path / "stale"
+    shutil.copytree(os.path.dirname(load_config(tiny_yaml).model.wan.vae_path), stale)
+    (stale / "tiny_size.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="another tiny size table"):
+        build_world_model(load_config(tiny_yaml, [f"model.wan.vae_path={stale}/vae", f"model.vlm.checkpoint_path="
+                                                  f"{stale}/vlm", f"model.wan.text_encoder_path={stale}/text_encoder"]))
+    from models import WorldModel
+
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        WorldModel.from_pretrained(str(empty.parent / "nowhere"))
+
+
+def test_wan_checkpoint_loads_and_a_partial_one_is_refused(tiny_yaml, tmp_path):
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import load_file, save_file
+
+    from models.sizes import TINY
+
+    torch.manual_seed(3)
+    wan = WanTransformer3DModel(**TINY.wan)
+    wan.save_pretrained(tmp_path / "transformer")  # a diffusers pipeline root holds transformer/
+    (tmp_path / "model_index.json").write_text("{}")
+    model, _ = build_world_model(load_config(tiny_yaml, [f"model.wan.checkpoint_path={tmp_path}"]))
+    assert all(torch.equal(v, model.video.state_dict()[k]) for k, v in wan.state_dict().items())
+    weights = tmp_path / "transformer" / "diffusion_pytorch_model.safetensors"
+    state = load_file(weights)
+    del state["proj_out.weight"]
+    save_file(state, weights)
+    with pytest.raises(ModelLoadError, match=r"lacks weights .*proj_out.weight"):
+        build_world_model(load_config(tiny_yaml, [f"model.wan.checkpoint_path={tmp_path}"]))
+
+
+def test_prediction_figures(tiny):
+    from models.report import prediction_figures
+
+    model, encoders, inputs = tiny
+    pred = model.sample(inputs, "joint", num_steps=1, generator=torch.Generator().manual_seed(9))
+    video = encoders.decode_video(inputs["video_latents"])
+    grid, fig = prediction_figures(video, encoders.decode_video(pred["video_latents"]), inputs["actions"],
+                                   pred["actions"])
+    assert grid.shape == (3, 4 * 64, 5 * 64) and 0 <= float(grid.min()) and float(grid.max()) <= 1
+    assert torch.equal(grid[:, :64], (video[0].permute(1, 2, 0, 3).reshape(3, 64, 5 * 64) + 1) / 2)
+    assert len(fig.axes) == 4
+
+
+def test_noise_seeds_make_losses_independent_of_batch_layout(tiny):
+    """With per-sample seeds, a batch of 2 on one rank and 1 + 1 on two ranks see the same noise,
+    so the mean loss over the samples is the same: the basis of exact multi-process parity."""
+    model, _, inputs = tiny
+    seeds = torch.tensor([11, 12])
+    whole = model({**inputs, "noise_seeds": seeds})
+    halves = []
+    for i in range(2):
+        part = {k: (v[i:i + 1] if torch.is_tensor(v) and v.shape[:1] == (2,) else v) for k, v in inputs.items()}
+        halves.append(model({**part, "noise_seeds": seeds[i:i + 1]}))
+    for key in ("video_loss", "action_loss"):
+        split = (halves[0][key] + halves[1][key]) / 2
+        assert float(whole[key]) == pytest.approx(float(split), rel=1e-5)
+    again = model({**inputs, "noise_seeds": seeds})
+    assert float(again["loss"]) == float(whole["loss"])
+    other = model({**inputs, "noise_seeds": seeds + 100})
+    assert float(other["loss"]) != float(whole["loss"])
