@@ -8,9 +8,13 @@ class SyntheticConfig:
     """The generated dataset of the default recipe (written in LeRobot v3.0 layout)."""
     num_episodes: int = 24
     episode_length: int = 80
+    """Frames per episode."""
     fps: int = 30
     image_height: int = 48
+    """Camera frame size; the squares (state_dim / 2 of them) move inside it."""
     image_width: int = 64
+    seed: int = 0
+    """Generator seed: the same seed gives the same dataset, frame for frame."""
 
 
 @dataclass
@@ -24,12 +28,15 @@ class DatasetConfig:
     image_keys: Optional[List[str]] = None
     """Camera features to use; null: every camera feature in meta/info.json."""
     state_key: str = "observation.state"
+    """Feature (parquet column) holding the state; also its key in the statistics JSON."""
     action_key: str = "action"
+    """Feature holding the actions (latent_action: the key of the latent actions' statistics)."""
     instruction: Optional[str] = None
     """Instruction used when the dataset has no tasks."""
     val_episodes: Optional[List[int]] = None
     """Episode indices held out for validation; null: the last `val_fraction` of episodes."""
     val_fraction: float = 0.1
+    """Share of each folder's episodes (its last ones) held out when val_episodes is null; 0: none."""
     normalization: str = "mean_std"
     """mean_std, min_max, quantile or none."""
     stats_path: Optional[str] = None
@@ -46,4 +53,7 @@ class DatasetConfig:
     """robotwin: single or multi."""
     task_name: Optional[str] = None
     """robotwin: the task in single mode."""
+    cache_stride: Optional[int] = None
+    """build_cache: raw frames between the condition frames of cached windows; null: the span of
+    one predicted frame (video_action_freq_ratio * global_downsample_rate)."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)

@@ -39,14 +39,34 @@ def to_device(batch, device):
 
 
 @torch.no_grad()
-def validate(engine, encoders, loader, cfg, step):
-    """Mean losses on held-out episodes over `system.val_batches` batches per rank, averaged over ranks.
+def sample_first_batch(model, encoders, batch, inputs, stats, want_pictures):
+    """Policy-mode action error against the constant (mean-action) baseline, in normalised units;
+    on request, the ground-truth vs joint-mode frames and actions (robot units) as pictures."""
+    policy = model.sample(inputs, "policy")
+    truth = inputs["actions"].float()
+    errors = {"policy_action_mse": (policy["actions"].float() - truth).pow(2).mean().item(),
+              "constant_action_mse": truth.pow(2).mean().item()}
+    pictures = None
+    if want_pictures:
+        from models.report import prediction_figures
+        joint = model.sample(inputs, "joint")
+        grid, fig = prediction_figures(batch["video"], encoders.decode_video(joint["video_latents"]),
+                                       stats.unnormalize_action(truth.cpu()),
+                                       stats.unnormalize_action(joint["actions"].float().cpu()))
+        pictures = ({"val/frames_true_vs_predicted": grid}, {"val/actions_true_vs_predicted": fig})
+    return errors, pictures
+
+
+@torch.no_grad()
+def validate(engine, encoders, loader, cfg, stats):
+    """Mean losses on held-out episodes over `system.val_batches` batches per rank, averaged over
+    ranks, plus the policy error on the first batch; rank 0 also returns prediction pictures.
 
     Runs on every rank (the forward may hold collectives) with its own fixed RNG, so it
     neither depends on nor disturbs the training RNG stream.
     """
     engine.eval()
-    sums, count = {"loss": 0.0, "video_loss": 0.0, "action_loss": 0.0}, 0
+    sums, count, pictures = {"loss": 0.0, "video_loss": 0.0, "action_loss": 0.0}, 0, None
     with torch.random.fork_rng(devices=[] if engine.device.type == "cpu" else [engine.device]):
         torch.manual_seed(cfg.training.seed + 1000003 * dist.rank())
         for i, batch in enumerate(loader):
@@ -55,10 +75,13 @@ def validate(engine, encoders, loader, cfg, step):
             inputs = encoders.encode(to_device(batch, engine.device))
             inputs["noise_seeds"] = noise_seeds(cfg.training.seed, 0, batch)  # the same noise every time
             out = engine.model(inputs)
-            for k in sums:
+            for k in ("loss", "video_loss", "action_loss"):
                 sums[k] += out[k].float().item()
+            if i == 0:
+                errors, pictures = sample_first_batch(engine.unwrapped_model(), encoders, batch, inputs, stats,
+                                                      want_pictures=dist.is_main())
+                sums.update(errors)
             count += 1
     engine.train()
-    means = {k: v / max(count, 1) for k, v in sums.items()}
-    means["batches"] = count
-    return dist.mean_across_ranks(means)
+    means = {k: v / (1 if k.endswith("action_mse") else max(count, 1)) for k, v in sums.items()}
+    return dist.mean_across_ranks(means), pictures

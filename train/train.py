@@ -70,6 +70,7 @@ def build_everything(cfg, world_size):
     dist.barrier()
     check_batch_size(cfg, world_size)
     datasets = build_datasets(cfg)
+    seed_everything(cfg.training.seed, rank=0)  # the same initial weights on every rank, whatever ran before
     model, encoders = build_world_model(cfg)
     if cfg.finetune.checkpoint_path:
         load_finetune_weights(model, cfg.finetune.checkpoint_path, list(cfg.finetune.allow_shape_mismatch))
@@ -92,7 +93,6 @@ def main(argv=None):
         logging.getLogger().setLevel(logging.WARNING)
 
     accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes)
-    seed_everything(cfg.training.seed, dist.rank())
     world_size = dist.world_size()
     try:
         run_dir, resume_from = dist.fail_together(choose_run_dir, cfg, config_stem(args.config))
@@ -103,6 +103,7 @@ def main(argv=None):
 
     from data import build_train_stream, build_val_loader
 
+    seed_everything(cfg.training.seed, dist.rank())  # each rank's own stream from here on
     engine = Engine(accelerator, model, optimizer, cfg)
     encoders.to(engine.device)
     schedule = LRSchedule(cfg.training)
@@ -153,15 +154,19 @@ def main(argv=None):
         window_steps += 1
 
         is_last = step == cfg.training.max_steps
-        val = validate(engine, encoders, val_loader, cfg, step) if step % cfg.system.val_interval == 0 else None
+        val = None
+        if step % cfg.system.val_interval == 0 and val_loader is not None:  # None: nothing held out
+            val, pictures = validate(engine, encoders, val_loader, cfg, stats)
+            metrics.add_figures(step, *(pictures or ({}, {})))
         if step % cfg.system.log_interval == 0 or val is not None or is_last:
             elapsed = time.perf_counter() - window_start
             losses = dist.mean_across_ranks({k: v.item() for k, v in loss_sum.items()})
             record = {"step": step, **losses, "grad_norm": grad_norm,
                       "lr": {g.get("name", str(i)): lr for i, (g, lr) in enumerate(zip(engine.param_groups, lrs))},
                       "samples_per_sec": samples_per_step * window_steps / elapsed,
-                      "step_time": elapsed / window_steps, "samples_seen": state.samples_seen}
-            record.update({f"val_{k}": v for k, v in (val or {}).items() if k != "batches"})
+                      "step_time": elapsed / window_steps, "samples_seen": state.samples_seen,
+                      "skipped_samples": stream.skipped}
+            record.update({f"val_{k}": v for k, v in (val or {}).items()})
             metrics.log(record)
             metrics.progress(step, record)
             window_start, window_steps = time.perf_counter(), 0

@@ -1,0 +1,165 @@
+"""The latent cache: VAE latents, text embeddings (and VLM features) precomputed per window.
+
+Layout of a cache folder (written by `python -m data.build_cache`):
+
+    cache_meta.json            fingerprint, what it was built from, shards with each row's
+                               (source, episode_index, frame_index, text_index), vlm_len; written last
+    texts.safetensors          text_embeds [U, Lt, D] + text_mask [U, Lt], one per distinct instruction
+    shard-00000.safetensors    per window (row): video_latents [C, T, h, w], vlm_features [Lv, Dv] +
+                               vlm_mask [Lv] (if the model has a VLM; padded to the shard's longest),
+                               state and actions in robot units (normalised when read, so the
+                               statistics may change)
+
+The fingerprint hashes the dataset (type, folders, keys, window geometry, every episode's length)
+and the encoder-relevant model config (size, precision, VAE / text encoder / VLM paths). A cache
+whose fingerprint differs from the current config is refused, naming the fields that differ.
+"""
+import hashlib
+import json
+import os
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from data.errors import DataError
+
+META_FILE = "cache_meta.json"
+TEXT_FILE = "texts.safetensors"
+ROW_KEYS = ("source", "episode_index", "frame_index", "text_index")
+
+
+def cache_stride(cfg):
+    c = cfg.common
+    return cfg.dataset.cache_stride or c.video_action_freq_ratio * c.global_downsample_rate
+
+
+def fingerprint_parts(cfg, episodes):
+    """{"dataset": {...}, "model": {...}}: everything a cached window depends on."""
+    d, c, m = cfg.dataset, cfg.common, cfg.model
+    dirs = d.dataset_dir if not isinstance(d.dataset_dir, str) else [d.dataset_dir]
+    absolute = lambda p: os.path.abspath(p) if p else None  # noqa: E731
+    lengths = [[e.source, e.index, e.length] for e in sorted(episodes, key=lambda e: (e.source, e.index))]
+    dataset = {
+        "type": d.type, "dataset_dir": [absolute(str(p)) for p in dirs],
+        "image_keys": list(d.image_keys) if d.image_keys is not None else None,
+        "state_key": d.state_key, "action_key": d.action_key, "instruction": d.instruction,
+        "data_mode": d.data_mode, "task_mode": d.task_mode, "task_name": d.task_name,
+        "cache_stride": cache_stride(cfg), "num_video_frames": c.num_video_frames,
+        "video_height": c.video_height, "video_width": c.video_width,
+        "global_downsample_rate": c.global_downsample_rate, "video_action_freq_ratio": c.video_action_freq_ratio,
+        "episodes_sha256": hashlib.sha256(json.dumps(lengths).encode()).hexdigest(),
+    }
+    model = {"size": m.size, "precision": m.precision, "vae_path": absolute(m.wan.vae_path),
+             "text_encoder_path": absolute(m.wan.text_encoder_path), "vlm_path": absolute(m.vlm.checkpoint_path)}
+    return {"dataset": dataset, "model": model}
+
+
+def fingerprint(parts):
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def read_meta(cache_dir):
+    path = os.path.join(cache_dir, META_FILE)
+    if not os.path.isfile(path):
+        raise DataError(f"dataset.cache_dir {cache_dir} holds no complete cache ({META_FILE} is missing); "
+                        "build it with `python -m data.build_cache --config <yaml> --out <dir>`")
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_fingerprint(meta, parts, cache_dir):
+    if meta.get("fingerprint") == fingerprint(parts):
+        return
+    diffs = []
+    for section, want in parts.items():
+        have = meta.get("parts", {}).get(section, {})
+        for key in sorted(set(want) | set(have)):
+            if want.get(key) != have.get(key):
+                diffs.append(f"{section}.{key}: cache {have.get(key)!r}, config {want.get(key)!r}")
+    raise DataError(f"the cache in {cache_dir} was built for another dataset or model config; it is refused. "
+                    "Differences: " + "; ".join(diffs or ["format version"])
+                    + ". Rebuild it with `python -m data.build_cache` or set dataset.cache_dir: null")
+
+
+class _Shards:
+    """safetensors shards opened lazily, once per process (DataLoader workers fork)."""
+
+    def __init__(self, cache_dir, files):
+        self.paths = [os.path.join(cache_dir, f) for f in files]
+        self._open, self._pid = {}, None
+
+    def get(self, shard, key, row):
+        if self._pid != os.getpid():
+            self._open, self._pid = {}, os.getpid()
+        path = self.paths[shard]
+        try:
+            if shard not in self._open:
+                self._open[shard] = safe_open(path, framework="pt")
+            return self._open[shard].get_slice(key)[row:row + 1][0]
+        except (OSError, RuntimeError, ValueError) as e:  # safetensors reports a damaged file this way
+            self._open.pop(shard, None)
+            raise DataError(f"cache shard {path} cannot be read ({key}, row {row}): {e}") from None
+
+
+class CachedDataset:
+    """Windows read from a latent cache instead of decoded and encoded every step."""
+
+    def __init__(self, cache_dir, cfg, stats, episodes, keep, source_weights=None):
+        meta = read_meta(cache_dir)
+        check_fingerprint(meta, fingerprint_parts(cfg, episodes), cache_dir)
+        self.stats, self.vlm_len, self.keys = stats, meta.get("vlm_len"), meta["keys"]
+        self.has_state = meta["has_state"]
+        self.shards = _Shards(cache_dir, [s["file"] for s in meta["shards"]])
+        self.rows = []  # (shard, row, source, episode_index, frame_index) of the kept episodes
+        for shard, info in enumerate(meta["shards"]):
+            index = np.asarray(info["index"], dtype=np.int64).reshape(-1, len(ROW_KEYS))
+            self.rows += [(shard, r, *map(int, index[r])) for r in range(len(index))
+                          if (int(index[r][0]), int(index[r][1])) in keep]
+        self.text_path, self._texts = os.path.join(cache_dir, TEXT_FILE), None
+        self.sources = sorted({r[2] for r in self.rows})
+        self._by_source = {s: [i for i, r in enumerate(self.rows) if r[2] == s] for s in self.sources}
+        w = [len(self._by_source[s]) if source_weights is None else source_weights[s] for s in self.sources]
+        self.source_probs = np.asarray(w, dtype=np.float64) / max(sum(w), 1e-12)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def draw(self, rng):
+        if not self.rows:
+            raise DataError("the cache holds no window of the selected episodes")
+        source = self.sources[rng.choice(len(self.sources), p=self.source_probs)]
+        rows = self._by_source[source]
+        return rows[int(rng.integers(len(rows)))]
+
+    def val_windows(self):
+        return list(range(len(self.rows)))
+
+    def describe(self, i):
+        shard, row, source, episode, frame, _ = self.rows[i]
+        return f"cached frame {frame} of episode {episode} (folder {source}, {self.shards.paths[shard]} row {row})"
+
+    def _text(self, k):
+        if self._texts is None:  # a few distinct instructions: read them all once per process
+            try:
+                with safe_open(self.text_path, framework="pt") as f:
+                    self._texts = (f.get_tensor("text_embeds"), f.get_tensor("text_mask"))
+            except (OSError, RuntimeError, ValueError) as e:
+                raise DataError(f"cache file {self.text_path} cannot be read: {e}") from None
+        return self._texts[0][k], self._texts[1][k]
+
+    def load(self, i):
+        shard, row, _, episode, frame, text = self.rows[i]
+        sample = {k: self.shards.get(shard, k, row) for k in self.keys}
+        sample["text_embeds"], sample["text_mask"] = self._text(text)
+        if "vlm_features" in sample:  # pad every row to the cache's longest so batches stack
+            pad = self.vlm_len - sample["vlm_features"].shape[0]
+            sample["vlm_features"] = torch.nn.functional.pad(sample["vlm_features"], (0, 0, 0, pad))
+            sample["vlm_mask"] = torch.nn.functional.pad(sample["vlm_mask"], (0, pad))
+        actions = self.shards.get(shard, "actions", row).numpy()
+        sample["actions"] = torch.from_numpy(np.array(self.stats.normalize_action(actions), dtype=np.float32))
+        if self.has_state:
+            state = self.shards.get(shard, "state", row).numpy()
+            sample["state"] = torch.from_numpy(np.array(self.stats.normalize_state(state), dtype=np.float32))
+        sample["episode_index"], sample["frame_index"] = episode, frame
+        return sample

@@ -1,0 +1,165 @@
+"""Samples from episodes: the window of DESIGN.md section 7, decoded, fitted and normalised.
+
+A dataset here is a set of episodes plus the rules to turn a window (episode, condition
+frame) into a sample. The train stream asks it to `draw` windows with a seeded generator;
+the validation loader walks its fixed `val_windows`. Both go through `load`, which raises
+DataError (naming file and episode) for anything unreadable.
+"""
+import numpy as np
+import torch
+
+from data.episodes import WindowSpec
+from data.errors import DataError
+from data.lerobot_format import read_parquet_images
+from data.transforms import fit_frames, tile_cameras
+from data.video import read_frames
+
+
+class EpisodeDataset:
+    """Windows over a list of episodes, decoded from video on demand."""
+
+    def __init__(self, episodes, spec: WindowSpec, image_keys, height, width, stats, instruction=None,
+                 source_weights=None):
+        self.spec, self.image_keys, self.height, self.width = spec, list(image_keys), height, width
+        self.stats, self.instruction = stats, instruction
+        self.episodes = [e for e in episodes if spec.num_windows(e.length) > 0]
+        self.too_short = [e for e in episodes if spec.num_windows(e.length) == 0]
+        sources = sorted({e.source for e in self.episodes})
+        self._by_source = {s: [i for i, e in enumerate(self.episodes) if e.source == s] for s in sources}
+        self._cumulative = {s: np.cumsum([spec.num_windows(self.episodes[i].length) for i in idx])
+                            for s, idx in self._by_source.items()}
+        self.sources = sources
+        self.source_probs = self._probabilities(source_weights)
+
+    def _probabilities(self, source_weights):
+        if not self.sources:
+            return np.zeros(0)
+        if source_weights is None:  # proportional to size: every window equally likely
+            w = np.array([self._cumulative[s][-1] for s in self.sources], dtype=np.float64)
+        else:
+            w = np.array([source_weights[s] for s in self.sources], dtype=np.float64)
+        return w / w.sum()
+
+    def __len__(self):
+        return int(sum(c[-1] for c in self._cumulative.values()))
+
+    def num_episodes(self):
+        return len(self.episodes)
+
+    # ---- windows ------------------------------------------------------------------------------
+    def draw(self, rng):
+        """A window (episode position, condition frame): source by weight, then a window uniformly."""
+        if not self.sources:
+            raise DataError("no episode is long enough for one window "
+                            f"({self.spec.span + 1} frames needed: num_video_frames * "
+                            "video_action_freq_ratio * global_downsample_rate + 1)")
+        source = self.sources[rng.choice(len(self.sources), p=self.source_probs)]
+        cumulative = self._cumulative[source]
+        k = int(rng.integers(cumulative[-1]))
+        j = int(np.searchsorted(cumulative, k, side="right"))
+        start = cumulative[j - 1] if j else 0
+        return self._by_source[source][j], int(k - start)
+
+    def val_windows(self):
+        """Fixed windows for validation: non-overlapping condition frames of every episode."""
+        windows = []
+        for i, e in enumerate(self.episodes):
+            windows.extend((i, int(c)) for c in range(0, self.spec.num_windows(e.length), self.spec.span))
+        return windows
+
+    def describe(self, window):
+        i, c = window
+        return f"frame {c} of {self.episodes[i].describe()}"
+
+    # ---- samples ------------------------------------------------------------------------------
+    def load(self, window):
+        i, c = window
+        ep = self.episodes[i]
+        frames = self.spec.video_indices(c)
+        actions = ep.action[self.spec.action_indices(c)]
+        sample = {
+            "video": self._video(ep, frames),
+            "actions": torch.from_numpy(np.array(self.stats.normalize_action(actions), dtype=np.float32)),
+            "instruction": ep.tasks[ep.task_ids[c]] or (self.instruction or ""),
+            "episode_index": ep.index,
+            "frame_index": c,
+        }
+        if ep.state is not None:
+            state = self.stats.normalize_state(ep.state[c])
+            sample["state"] = torch.from_numpy(np.array(state, dtype=np.float32))
+        return sample
+
+    def _video(self, ep, frames):
+        views = []
+        for key in self.image_keys:
+            if key in ep.images:
+                path, rows = ep.images[key]
+                views.append(read_parquet_images(path, key, rows[frames]))
+                continue
+            path, start = ep.videos[key]
+            times = start + ep.timestamps[frames]
+            try:
+                views.append(read_frames(path, times.tolist(), tolerance=0.5 / ep.fps))
+            except DataError as e:
+                raise DataError(f"{ep.describe()}, camera {key}: {e}") from None
+        if not views:
+            raise DataError(f"{ep.describe()}: no camera to read (dataset.image_keys is empty)")
+        return fit_frames(tile_cameras(views), self.height, self.width)
+
+
+def try_load(dataset, window, skip, errors):
+    """The sample of `window` carrying the errors met so far (key "_bad"), or None when it is bad
+    and bad samples are skipped (its error is appended to `errors`)."""
+    try:
+        sample = dataset.load(window)
+    except DataError as e:
+        if not skip:
+            raise
+        errors.append(str(e))
+        return None
+    sample["_bad"] = errors
+    return sample
+
+
+class TrainDraws(torch.utils.data.Dataset):
+    """Sample number n -> a sample, the same on every run: windows drawn from rng(seed, n, attempt).
+
+    With skip_bad_samples an unreadable window is replaced by the next attempt's draw and its
+    error travels with the sample (key "_bad") so the stream can count and report it.
+    """
+
+    MAX_ATTEMPTS = 20
+
+    def __init__(self, dataset, seed, skip_bad_samples):
+        self.dataset, self.seed, self.skip = dataset, seed, skip_bad_samples
+
+    def __len__(self):  # the stream is infinite; DataLoader only needs a number
+        return 2 ** 62
+
+    def __getitem__(self, n):
+        errors = []
+        for attempt in range(self.MAX_ATTEMPTS):
+            window = self.dataset.draw(np.random.default_rng([self.seed, n, attempt]))
+            sample = try_load(self.dataset, window, self.skip, errors)
+            if sample is not None:
+                return sample
+        raise DataError(f"{self.MAX_ATTEMPTS} windows in a row could not be read (sample {n}); "
+                        f"the dataset is mostly unreadable. Last error: {errors[-1]}")
+
+
+class FixedWindows(torch.utils.data.Dataset):
+    """A fixed list of windows (validation, cache building); a bad one is replaced by the next good one."""
+
+    def __init__(self, dataset, windows, skip_bad_samples):
+        self.dataset, self.windows, self.skip = dataset, list(windows), skip_bad_samples
+
+    def __len__(self):
+        return len(self.windows)
+
+    def __getitem__(self, k):
+        errors = []
+        for step in range(len(self.windows)):
+            sample = try_load(self.dataset, self.windows[(k + step) % len(self.windows)], self.skip, errors)
+            if sample is not None:
+                return sample
+        raise DataError(f"none of the {len(self.windows)} windows could be read. Last error: {errors[-1]}")

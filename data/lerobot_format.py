@@ -1,0 +1,309 @@
+"""Read LeRobot v2.1 and v3.0 folders directly (pyarrow for parquet; frames come later from PyAV).
+
+v3.0: meta/info.json, meta/tasks.parquet, meta/episodes/chunk-*/file-*.parquet (one row per
+episode: `data/chunk_index`, `data/file_index`, `videos/{key}/chunk_index|file_index|
+from_timestamp|to_timestamp`, `length`, `tasks`), data files holding many episodes.
+v2.1 (and v2.0): meta/info.json, meta/episodes.jsonl, meta/tasks.jsonl, one parquet and one
+mp4 per episode under the `data_path` / `video_path` templates (`episode_chunk` =
+episode_index // chunks_size).
+
+Only the state, action, timestamp, frame_index, episode_index and task_index columns are
+read up front; frames of an episode are its rows sorted by `frame_index`. Cameras are video
+features (mp4, decoded by PyAV at the frame's timestamp) or image features (PNG bytes inside
+the parquet, as LeRobot writes with use_videos=False), read per sample.
+"""
+import glob
+import io
+import json
+import os
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+from data.episodes import Episode
+from data.errors import DataError
+
+
+def read_info(root):
+    path = os.path.join(root, "meta", "info.json")
+    if not os.path.isfile(path):
+        raise DataError(f"{root} is not a LeRobot dataset: {path} does not exist")
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is not valid JSON: {e}") from None
+    for key in ("codebase_version", "fps", "features"):
+        if key not in info:
+            raise DataError(f"{path} has no '{key}' field")
+    return info
+
+
+def version_of(info):
+    version = str(info["codebase_version"])
+    if version.startswith("v3"):
+        return "v3.0"
+    if version.startswith("v2"):
+        return "v2.1"
+    raise DataError(f"LeRobot codebase_version {version!r} is not supported; expected v2.x or v3.x")
+
+
+def camera_keys(info):
+    """Every camera feature in info.json order: videos, and images stored inside the parquet files."""
+    return [k for k, f in info["features"].items() if f.get("dtype") in ("video", "image")]
+
+
+_image_columns = OrderedDict()  # (process, file, key) -> arrow column of encoded frames
+
+
+def read_parquet_images(path, key, rows):
+    """uint8 [len(rows), H, W, 3] from an image feature (PNG/JPEG bytes per row) of a data file.
+
+    The column of the last few files is kept per process: consecutive samples mostly read
+    the same file, and a column is at most the file's size (100 MB by LeRobot's default).
+    """
+    cache_key = (os.getpid(), path, key)
+    if cache_key not in _image_columns:
+        _image_columns[cache_key] = read_columns(path, [key])[key].combine_chunks()
+        while len(_image_columns) > 2:
+            _image_columns.popitem(last=False)
+    column = _image_columns[cache_key]
+    frames = []
+    for r in rows:
+        item = column[int(r)].as_py()
+        blob = item.get("bytes") if isinstance(item, dict) else item
+        try:
+            frames.append(np.asarray(Image.open(io.BytesIO(blob)).convert("RGB")))
+        except Exception as e:  # PIL raises several types for undecodable bytes
+            raise DataError(f"{path}: image '{key}' in row {int(r)} cannot be decoded: {e}") from None
+    return np.stack(frames)
+
+
+def feature_dim(info, key, root):
+    feature = info["features"].get(key)
+    if feature is None:
+        names = sorted(k for k, f in info["features"].items() if f.get("dtype") not in ("video", "image"))
+        raise DataError(f"{root}/meta/info.json has no feature '{key}'; numeric features: {names}")
+    return int(np.prod(feature["shape"]))
+
+
+def column_to_array(column, key, path):
+    """A parquet column of vectors or scalars as a float32 [rows, dim] array."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_fixed_size_list(column.type) or pa.types.is_list(column.type) or \
+            pa.types.is_large_list(column.type):
+        if column.null_count:
+            raise DataError(f"{path}: column '{key}' has {column.null_count} null rows")
+        if pa.types.is_fixed_size_list(column.type):
+            dim = column.type.list_size
+        else:
+            lengths = np.diff(np.asarray(column.offsets))
+            if len(lengths) and (lengths != lengths[0]).any():
+                raise DataError(f"{path}: column '{key}' has rows of different lengths {sorted(set(lengths))}")
+            dim = int(lengths[0]) if len(lengths) else 0
+        values = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+        return values.reshape(len(column), dim)
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, 1)
+
+
+def read_columns(path, wanted, optional=()):
+    """{name: arrow column} of a parquet file; DataError naming the file when it cannot be read."""
+    if not os.path.isfile(path):
+        raise DataError(f"parquet file {path} does not exist")
+    try:
+        names = pq.read_schema(path).names
+        missing = [k for k in wanted if k not in names]
+        if missing:
+            raise DataError(f"parquet file {path} has no column {missing}; it has {names}")
+        columns = list(wanted) + [k for k in optional if k in names]
+        table = pq.read_table(path, columns=columns)
+    except DataError:
+        raise
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"parquet file {path} cannot be read: {e}") from None
+    return {k: table.column(k) for k in columns}
+
+
+def _read_tasks_v30(root):
+    path = os.path.join(root, "meta", "tasks.parquet")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"parquet file {path} cannot be read: {e}") from None
+    # the task string is the pandas index: a column named "task" or "__index_level_0__"
+    is_text = lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)  # noqa: E731
+    text = [n for n in table.column_names if n != "task_index" and is_text(table.schema.field(n).type)]
+    if "task_index" not in table.column_names or not text:
+        raise DataError(f"{path}: expected a 'task_index' column and a task string column, "
+                        f"found {table.column_names}")
+    return dict(zip(table.column("task_index").to_pylist(), table.column(text[0]).to_pylist()))
+
+
+def _read_jsonl(path):
+    if not os.path.isfile(path):
+        raise DataError(f"{path} does not exist")
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    raise DataError(f"{path} line {n} is not valid JSON: {e}") from None
+    return rows
+
+
+def _episode_rows_v30(root):
+    files = sorted(glob.glob(os.path.join(root, "meta", "episodes", "*", "*.parquet")))
+    if not files:
+        raise DataError(f"{root}: no episode metadata under meta/episodes/chunk-*/file-*.parquet")
+    rows = []
+    for path in files:
+        try:
+            names = pq.read_schema(path).names
+            table = pq.read_table(path, columns=[n for n in names if not n.startswith("stats/")])
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"parquet file {path} cannot be read: {e}") from None
+        rows.extend(table.to_pylist())
+    return sorted(rows, key=lambda r: r["episode_index"])
+
+
+class LeRobotSource:
+    """The episodes of one LeRobot folder."""
+
+    def __init__(self, root, source, state_key, action_key, image_keys=None, max_episodes=None):
+        self.root, self.source = root, source
+        self.info = read_info(root)
+        self.version = version_of(self.info)
+        self.fps = float(self.info["fps"])
+        self.state_key, self.action_key = state_key, action_key
+        available = camera_keys(self.info)
+        if image_keys is None and not available:
+            raise DataError(f"{root}/meta/info.json has no camera feature (dtype video or image)")
+        self.image_keys = list(available if image_keys is None else image_keys)
+        for key in self.image_keys:
+            if key not in available:
+                raise DataError(f"{root}: dataset.image_keys names '{key}', which is not a camera feature "
+                                f"of meta/info.json; camera features: {available}")
+        self.action_dim = feature_dim(self.info, action_key, root)
+        self.state_dim = feature_dim(self.info, state_key, root) if state_key else None
+        if self.version == "v3.0":
+            self.tasks = _read_tasks_v30(root)
+            self.rows = _episode_rows_v30(root)
+        else:
+            self.tasks = {r["task_index"]: r["task"] for r in _read_jsonl(os.path.join(root, "meta", "tasks.jsonl"))}
+            self.rows = sorted(_read_jsonl(os.path.join(root, "meta", "episodes.jsonl")),
+                               key=lambda r: r["episode_index"])
+        if max_episodes is not None:
+            self.rows = self.rows[:max_episodes]
+        self.episode_indices = [int(r["episode_index"]) for r in self.rows]
+
+    def _wanted(self):
+        wanted = [self.action_key] + ([self.state_key] if self.state_key else [])
+        return wanted, ("timestamp", "frame_index", "episode_index", "task_index")
+
+    def load(self, on_bad):
+        """Episodes of this folder. `on_bad(message)` gets each unreadable episode; it raises to stop."""
+        groups = {}
+        for row in self.rows:
+            groups.setdefault(self._data_path(row), []).append(row)
+        episodes = []
+        for path, rows in groups.items():
+            try:
+                columns = read_columns(path, *self._wanted())
+            except DataError as e:
+                for row in rows:
+                    on_bad(f"episode {row['episode_index']} of {self.root}: {e}")
+                continue
+            rows_of = self._rows_by_episode(columns)
+            for row in rows:
+                try:
+                    episodes.append(self._episode(row, columns, path, rows_of(int(row["episode_index"]))))
+                except DataError as e:
+                    on_bad(str(e))
+        return episodes
+
+    @staticmethod
+    def _rows_by_episode(columns):
+        """episode index -> its row numbers in the file, in frame order (one sort per file)."""
+        if "episode_index" not in columns:  # v2.1 files hold one episode
+            every = np.arange(len(next(iter(columns.values()))))
+            return lambda ep: every
+        episode = np.asarray(columns["episode_index"].to_numpy())
+        frame = np.asarray(columns["frame_index"].to_numpy()) if "frame_index" in columns else np.arange(len(episode))
+        order = np.lexsort((frame, episode))
+        sorted_eps = episode[order]
+        return lambda ep: order[np.searchsorted(sorted_eps, ep, "left"):np.searchsorted(sorted_eps, ep, "right")]
+
+    def _data_path(self, row):
+        if self.version == "v3.0":
+            rel = self.info["data_path"].format(chunk_index=row["data/chunk_index"],
+                                                file_index=row["data/file_index"])
+        else:
+            ep = row["episode_index"]
+            rel = self.info["data_path"].format(episode_chunk=ep // self.info.get("chunks_size", 1000),
+                                                episode_index=ep)
+        return os.path.join(self.root, rel)
+
+    def _video(self, row, key):
+        if self.version == "v3.0":
+            rel = self.info["video_path"].format(video_key=key, chunk_index=row[f"videos/{key}/chunk_index"],
+                                                 file_index=row[f"videos/{key}/file_index"])
+            return os.path.join(self.root, rel), float(row[f"videos/{key}/from_timestamp"])
+        ep = row["episode_index"]
+        rel = self.info["video_path"].format(episode_chunk=ep // self.info.get("chunks_size", 1000),
+                                             video_key=key, episode_index=ep)
+        return os.path.join(self.root, rel), 0.0
+
+    def _episode(self, row, columns, path, rows):
+        ep = int(row["episode_index"])
+        where = f"episode {ep} of {path}"
+        length = int(row.get("length", len(rows)))
+        if len(rows) != length:
+            raise DataError(f"{where}: {len(rows)} rows in the data file, the episode metadata says {length}")
+        take = pa.array(rows)
+        action = self._numeric(columns, self.action_key, take, self.action_dim, where)
+        state = self._numeric(columns, self.state_key, take, self.state_dim, where) if self.state_key else None
+        if "timestamp" in columns:
+            timestamps = np.asarray(columns["timestamp"].take(take).to_numpy(), dtype=np.float64)
+        else:
+            timestamps = np.arange(length) / self.fps
+        task_names = row.get("tasks") or []
+        if "task_index" in columns:
+            task_index = np.asarray(columns["task_index"].take(take).to_numpy(), dtype=np.int64)
+            unknown = sorted(set(task_index.tolist()) - set(self.tasks))
+            if unknown and not task_names:
+                raise DataError(f"{where}: task_index {unknown} not in the dataset's tasks")
+            codes = sorted(set(task_index.tolist()))
+            tasks = [self.tasks.get(t, task_names[0] if task_names else "") for t in codes]
+            task_ids = np.searchsorted(codes, task_index)
+        else:
+            tasks, task_ids = [task_names[0] if task_names else ""], np.zeros(length, dtype=np.int64)
+        videos, images = {}, {}
+        for key in self.image_keys:
+            if self.info["features"][key]["dtype"] == "image":
+                images[key] = (path, rows)
+                continue
+            video_path, start = self._video(row, key)
+            if not os.path.isfile(video_path):
+                raise DataError(f"{where}: video file {video_path} ({key}) does not exist")
+            videos[key] = (video_path, start)
+        return Episode(source=self.source, index=ep, length=length, action=action, state=state,
+                       timestamps=timestamps, task_ids=task_ids, tasks=tasks, videos=videos, images=images,
+                       fps=self.fps, origin=path)
+
+    @staticmethod
+    def _numeric(columns, key, take, dim, where):
+        values = column_to_array(columns[key].take(take), key, where)
+        if values.shape[1] != dim:
+            raise DataError(f"{where}: '{key}' has dimension {values.shape[1]}, meta/info.json says {dim}")
+        bad = ~np.isfinite(values)
+        if bad.any():
+            frame = int(np.nonzero(bad.any(1))[0][0])
+            raise DataError(f"{where}: '{key}' has {int(bad.sum())} NaN/inf values (first at frame {frame})")
+        return values

@@ -1,0 +1,112 @@
+"""Normalisation statistics of state and action, and the maps to and from model units.
+
+Statistics per dimension: mean, std (population, ddof=0), min, max, q01, q99 (numpy's
+linear quantiles) and count, stored as JSON keyed by feature name:
+`{"action": {"mean": [...], ...}, "observation.state": {...}}`.
+
+Modes (dataset.normalization):
+- mean_std: (x - mean) / std
+- min_max:  (x - (max + min) / 2) / ((max - min) / 2), so [min, max] -> [-1, 1]
+- quantile: the same with q01 and q99 (openpi's choice: robust to outliers; no clipping,
+            so unnormalize is the exact inverse)
+- none:     identity
+A dimension whose spread is below 1e-6 (a constant joint) is only shifted, never divided by
+~0, so an unseen value at inference cannot explode.
+"""
+import json
+
+import numpy as np
+import torch
+
+MODES = ("mean_std", "min_max", "quantile", "none")
+_EPS = 1e-6
+STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99", "count")
+
+
+def compute_feature_stats(values):
+    """Statistics of a [rows, dim] array (rows pooled over every episode)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or len(values) == 0:
+        raise ValueError(f"expected a non-empty [rows, dim] array, got shape {values.shape}")
+    q01, q99 = np.quantile(values, [0.01, 0.99], axis=0)
+    return {"mean": values.mean(0).tolist(), "std": values.std(0).tolist(), "min": values.min(0).tolist(),
+            "max": values.max(0).tolist(), "q01": q01.tolist(), "q99": q99.tolist(), "count": [len(values)]}
+
+
+class NormStats:
+    """Statistics of the action (and state) features plus the mode that uses them."""
+
+    def __init__(self, stats, mode="mean_std", action_key="action", state_key="observation.state"):
+        if mode not in MODES:
+            raise ValueError(f"normalization mode {mode!r}; expected one of {', '.join(MODES)}")
+        self.stats = {k: {n: list(v) for n, v in s.items()} for k, s in stats.items()}
+        self.mode, self.action_key, self.state_key = mode, action_key, state_key
+        if mode != "none" and action_key not in self.stats:
+            raise ValueError(f"statistics have no '{action_key}' entry; they have {sorted(self.stats)}")
+        self._affine = {k: self._center_scale(k) for k in self.stats} if mode != "none" else {}
+
+    def _center_scale(self, key):
+        s = {n: np.asarray(v, dtype=np.float64) for n, v in self.stats[key].items() if n != "count"}
+        missing = [n for n in {"mean_std": ("mean", "std"), "min_max": ("min", "max"),
+                               "quantile": ("q01", "q99")}[self.mode] if n not in s]
+        if missing:
+            raise ValueError(f"statistics of '{key}' lack {missing} needed by normalization {self.mode}")
+        if self.mode == "mean_std":
+            center, spread = s["mean"], s["std"]
+        else:
+            lo, hi = (s["min"], s["max"]) if self.mode == "min_max" else (s["q01"], s["q99"])
+            center, spread = (hi + lo) / 2, (hi - lo) / 2
+        scale = np.where(spread < _EPS, 1.0, spread)
+        return center.astype(np.float32), scale.astype(np.float32)
+
+    # ---- maps --------------------------------------------------------------------------------
+    def _apply(self, key, x, inverse):
+        if self.mode == "none" or key is None:
+            return x
+        if key not in self._affine:
+            raise KeyError(f"no statistics for '{key}'; available: {sorted(self._affine)}")
+        center, scale = self._affine[key]
+        if x.shape[-1] != center.shape[0]:
+            raise ValueError(f"'{key}' has dimension {x.shape[-1]}, its statistics have {center.shape[0]}")
+        if isinstance(x, torch.Tensor):
+            center = torch.as_tensor(center, dtype=x.dtype, device=x.device)
+            scale = torch.as_tensor(scale, dtype=x.dtype, device=x.device)
+        return x * scale + center if inverse else (x - center) / scale
+
+    def normalize_action(self, x):
+        return self._apply(self.action_key, x, inverse=False)
+
+    def unnormalize_action(self, x):
+        """Model units -> robot units (inference)."""
+        return self._apply(self.action_key, x, inverse=True)
+
+    def normalize_state(self, x):
+        return self._apply(self.state_key if self.state_key in self.stats else None, x, inverse=False)
+
+    def unnormalize_state(self, x):
+        return self._apply(self.state_key if self.state_key in self.stats else None, x, inverse=True)
+
+    # ---- (de)serialisation ------------------------------------------------------------------
+    def to_dict(self):
+        """Feature-keyed statistics plus a "normalization" entry (mode and which feature is which)."""
+        out = {k: dict(v) for k, v in self.stats.items()}
+        out["normalization"] = {"mode": self.mode, "action_key": self.action_key, "state_key": self.state_key}
+        return out
+
+    @classmethod
+    def from_dict(cls, d, mode=None, action_key=None, state_key=None):
+        """Read `to_dict()` output or a compute_stats JSON; arguments given here win over the file's."""
+        meta = d.get("normalization", {})
+        stats = {k: v for k, v in d.items() if k != "normalization"}
+        return cls(stats, mode=mode or meta.get("mode", "mean_std"),
+                   action_key=action_key or meta.get("action_key", "action"),
+                   state_key=state_key or meta.get("state_key", "observation.state"))
+
+    def save(self, path):
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+
+    @classmethod
+    def load(cls, path, mode=None, action_key=None, state_key=None):
+        with open(path) as f:
+            return cls.from_dict(json.load(f), mode=mode, action_key=action_key, state_key=state_key)

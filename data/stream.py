@@ -1,0 +1,139 @@
+"""The train stream (infinite, resumable, sharded) and the validation loader (finite, sharded).
+
+Train: batch k of rank r holds sample numbers n = (k * world_size + r) * batch_size + b, and
+sample n is a pure function of (training.seed, n) (see TrainDraws). The stream's state is
+the number of batches handed to the caller, so DataLoader workers may prefetch as much as
+they like: after `load_state_dict` the stream restarts its workers at that batch and yields
+exactly the batches the uninterrupted run would have yielded. (At another world size the
+numbering continues at the same per-rank batch count.)
+"""
+import logging
+
+import numpy as np
+import torch
+
+from data.dataset import FixedWindows, TrainDraws
+
+logger = logging.getLogger(__name__)
+_REPORTED = 20  # bad-sample messages kept for the report
+
+
+def collate(samples):
+    """List of sample dicts -> batch dict (tensors stacked, strings listed, "_bad" merged)."""
+    batch = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        if key == "_bad":
+            batch[key] = [m for v in values for m in v]
+        elif isinstance(values[0], torch.Tensor):  # numpy: no intra-op thread start-up per batch
+            batch[key] = torch.from_numpy(np.stack([v.numpy() for v in values]))
+        elif isinstance(values[0], str):
+            batch[key] = values
+        else:
+            batch[key] = torch.tensor(values, dtype=torch.int64)
+    return batch
+
+
+class _BatchNumbers:
+    """Batch sampler: lists of sample numbers for batches start, start + 1, ... forever."""
+
+    def __init__(self, start, rank, world_size, batch_size):
+        self.start, self.rank, self.world_size, self.batch_size = start, rank, world_size, batch_size
+
+    def __iter__(self):
+        k = self.start
+        while True:
+            first = (k * self.world_size + self.rank) * self.batch_size
+            yield list(range(first, first + self.batch_size))
+            k += 1
+
+
+class BadSampleLog:
+    """Counts skipped samples and keeps the latest messages; each one is logged as a warning."""
+
+    def __init__(self):
+        self.count, self.messages = 0, []
+
+    def take(self, batch):
+        for message in batch.pop("_bad", []):
+            self.count += 1
+            self.messages = (self.messages + [message])[-_REPORTED:]
+            logger.warning("skipped a bad sample (%d so far): %s", self.count, message)
+        return batch
+
+
+class TrainStream:
+    """`next(stream)` -> batch; `state_dict()` / `load_state_dict()` for exact resume."""
+
+    def __init__(self, dataset, seed, batch_size, rank=0, world_size=1, num_workers=0, pin_memory=False,
+                 skip_bad_samples=False):
+        self.draws = TrainDraws(dataset, seed, skip_bad_samples)
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.batches = 0
+        self.bad = BadSampleLog()
+        self._iterator = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._iterator is None:
+            self._iterator = iter(self._loader())
+        batch = next(self._iterator)
+        self.batches += 1
+        return self.bad.take(batch)
+
+    def _loader(self):
+        sampler = _BatchNumbers(self.batches, self.rank, self.world_size, self.batch_size)
+        return torch.utils.data.DataLoader(
+            self.draws, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=collate,
+            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            prefetch_factor=2 if self.num_workers else None)
+
+    @property
+    def skipped(self):
+        return self.bad.count
+
+    def state_dict(self):
+        return {"batches_consumed": self.batches, "seed": self.draws.seed, "rank": self.rank,
+                "world_size": self.world_size, "batch_size": self.batch_size, "skipped": self.bad.count}
+
+    def load_state_dict(self, state):
+        if state.get("batch_size", self.batch_size) != self.batch_size:
+            logger.warning("data stream: resuming with batch_size %d (saved with %d)",
+                           self.batch_size, state["batch_size"])
+        self.batches = int(state["batches_consumed"])
+        self.bad.count = int(state.get("skipped", 0))
+        self._iterator = None  # restart the workers at the restored position
+
+    def close(self):
+        self._iterator = None
+
+
+class ValLoader:
+    """A finite, re-iterable loader over this rank's share of the validation windows.
+
+    The windows are padded (wrapping around) to a multiple of world_size so every rank runs
+    the same number of batches: validation makes collective calls on every rank.
+    """
+
+    def __init__(self, dataset, batch_size, rank, world_size, num_workers=0, skip_bad_samples=False):
+        windows = dataset.val_windows()
+        if not windows:
+            raise ValueError("validation set has no window long enough")
+        per_rank = -(-len(windows) // world_size)
+        padded = [windows[i % len(windows)] for i in range(per_rank * world_size)]
+        self.windows = padded[rank::world_size]
+        self.data = FixedWindows(dataset, self.windows, skip_bad_samples)
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.bad = BadSampleLog()
+
+    def __len__(self):
+        return -(-len(self.windows) // self.batch_size)
+
+    def __iter__(self):
+        loader = torch.utils.data.DataLoader(self.data, batch_size=self.batch_size, shuffle=False,
+                                             num_workers=self.num_workers, collate_fn=collate)
+        for batch in loader:
+            yield self.bad.take(batch)

@@ -1,0 +1,186 @@
+"""Reading LeRobot v2.1 and v3.0 folders: frame indices, values and decoded pixels."""
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from data import DataError, build_datasets, build_train_stream
+from data.lerobot_writer import LeRobotWriter
+from data.synthetic import episode_motion, generate, render
+
+H, W = 32, 48  # video size = image size: the decoded pixels are compared without resampling
+
+
+def make_cfg(tmp_path, dataset, **common):
+    base = {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 2, "video_height": H, "video_width": W,
+                       "global_downsample_rate": 2, "video_action_freq_ratio": 2, **common},
+            "dataset": {"type": "lerobot", "val_fraction": 0.0, "normalization": "none", **dataset},
+            "training": {"batch_size": 2, "seed": 3}, "system": {"num_workers": 0}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(base))
+    from utils.config import load_config
+    return load_config(str(path))
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lerobot")
+    out = {}
+    for version, per_file in (("v3.0", 2), ("v2.1", 1000)):
+        out[version] = str(root / version)
+        generate(out[version], num_episodes=3, episode_length=20, fps=10, image_height=H, image_width=W,
+                 seed=5, codec="libx264", version=version, episodes_per_file=per_file)
+    return out
+
+
+def expected_episode(k, length=20, seed=5):
+    rng = np.random.default_rng(seed)
+    for _ in range(k + 1):
+        state, action, goals = episode_motion(rng, length, 2)
+    return state, action, goals
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_layout_files(folders, version):
+    root = folders[version]
+    info = json.load(open(os.path.join(root, "meta", "info.json")))
+    assert info["codebase_version"] == version and info["total_episodes"] == 3 and info["total_frames"] == 60
+    assert info["features"]["observation.images.top"]["info"]["video.fps"] == 10
+    if version == "v3.0":
+        episodes = pq.read_table(os.path.join(root, "meta/episodes/chunk-000/file-000.parquet")).to_pylist()
+        # two episodes per file: the third starts a new data and video file at time 0
+        assert [e["data/file_index"] for e in episodes] == [0, 0, 1]
+        assert [e["videos/observation.images.top/from_timestamp"] for e in episodes] == [0.0, 2.0, 0.0]
+        assert [e["dataset_from_index"] for e in episodes] == [0, 20, 40]
+        tasks = pq.read_table(os.path.join(root, "meta/tasks.parquet"))
+        assert tasks.column("task").to_pylist() == ["move the red square and the blue square to the dots"]
+    else:
+        assert os.path.isfile(os.path.join(root, "data/chunk-000/episode_000002.parquet"))
+        assert os.path.isfile(os.path.join(root, "videos/chunk-000/observation.images.top/episode_000002.mp4"))
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_window_values_and_pixels(folders, version, tmp_path):
+    cfg = make_cfg(tmp_path, {"dataset_dir": folders[version]})
+    train, val, stats = build_datasets(cfg)
+    assert val is None and train.num_episodes() == 3 and train.image_keys == ["observation.images.top"]
+    for i, c in [(0, 0), (1, 11), (2, 5)]:  # 11 = the last condition frame: 11 + 2*2*2 = 19
+        ep = train.episodes[i]
+        assert ep.index == i and ep.length == 20
+        sample = train.load((i, c))
+        state, action, goals = expected_episode(i)
+        np.testing.assert_array_equal(sample["state"].numpy(), state[c])
+        np.testing.assert_array_equal(sample["actions"].numpy(), action[[c + 2, c + 4, c + 6, c + 8]])
+        assert sample["frame_index"] == c and sample["episode_index"] == i
+        assert sample["instruction"] == "move the red square and the blue square to the dots"
+        video = sample["video"].numpy()
+        assert video.shape == (3, 3, H, W) and video.min() >= -1 and video.max() <= 1
+        for j, frame in enumerate([c, c + 4, c + 8]):
+            want = render(state[frame], H, W, goals[frame]).astype(np.float32).transpose(2, 0, 1) / 127.5 - 1
+            err = np.abs(video[j] - want)
+            assert err.mean() < 0.03, (version, i, c, j, err.mean())  # codec tolerance
+            assert np.median(err) < 0.02
+
+
+def test_two_cameras_tiled_and_selected(tmp_path):
+    root = str(tmp_path / "two_cams")
+    features = {"observation.state": {"dtype": "float32", "shape": [4], "names": None},
+                "action": {"dtype": "float32", "shape": [4], "names": None},
+                "observation.images.a": {"dtype": "video", "shape": [16, 16, 3], "names": None},
+                "observation.images.b": {"dtype": "video", "shape": [16, 16, 3], "names": None}}
+    writer = LeRobotWriter(root, 10, features, codec="libx264")
+    red, blue = np.zeros((12, 16, 16, 3), np.uint8), np.zeros((12, 16, 16, 3), np.uint8)
+    red[..., 0], blue[..., 2] = 255, 255
+    values = np.arange(48, dtype=np.float32).reshape(12, 4)
+    writer.add_episode({"observation.state": values, "action": values, "observation.images.a": red,
+                        "observation.images.b": blue}, "two cameras")
+    writer.close()
+    cfg = make_cfg(tmp_path, {"dataset_dir": root}, num_video_frames=1, video_height=32, video_width=32)
+    train, _, _ = build_datasets(cfg)
+    video = train.load((0, 0))["video"].numpy()  # 16 x 32 tiled -> fitted into 32 x 32: bars above and below
+    assert video.shape == (2, 3, 32, 32)
+    np.testing.assert_allclose(video[:, :, :8], -1.0)
+    np.testing.assert_allclose(video[:, :, 24:], -1.0)
+    assert video[0, 0, 16, 4] > 0.9 and video[0, 2, 16, 4] < -0.9     # left half: camera a (red)
+    assert video[0, 2, 16, 28] > 0.9 and video[0, 0, 16, 28] < -0.9   # right half: camera b (blue)
+    only_b = make_cfg(tmp_path, {"dataset_dir": root, "image_keys": ["observation.images.b"]},
+                      num_video_frames=1, video_height=16, video_width=16)
+    video = build_datasets(only_b)[0].load((0, 0))["video"].numpy()
+    assert video[0, 2].mean() > 0.9
+    with pytest.raises(DataError, match="observation.images.c"):
+        build_datasets(make_cfg(tmp_path, {"dataset_dir": root, "image_keys": ["observation.images.c"]}))
+
+
+def test_mixed_folders_with_weights(folders, tmp_path):
+    dirs = [folders["v3.0"], folders["v2.1"]]
+    cfg = make_cfg(tmp_path, {"dataset_dir": dirs, "weights": [1.0, 0.0]})
+    train, _, _ = build_datasets(cfg)
+    assert train.num_episodes() == 6
+    stream = build_train_stream(train, cfg)
+    sources = {train.episodes[train.draw(np.random.default_rng(n))[0]].source for n in range(50)}
+    assert sources == {0}
+    batch = next(stream)
+    assert batch["video"].shape == (2, 3, 3, H, W)
+    cfg = make_cfg(tmp_path, {"dataset_dir": dirs, "weights": [1.0, 3.0]})
+    train, _, _ = build_datasets(cfg)
+    share = np.mean([train.episodes[train.draw(np.random.default_rng(n))[0]].source for n in range(400)])
+    assert 0.65 < share < 0.85  # three quarters from the second folder
+
+
+@pytest.mark.parametrize("column,kind", [("__index_level_0__", "large_string"), ("task", "string")])
+def test_tasks_parquet_variants(folders, tmp_path, column, kind):
+    import shutil
+
+    import pyarrow as pa
+    root = str(tmp_path / "copy")
+    shutil.copytree(folders["v3.0"], root)
+    text = pa.array(["push the squares"], pa.large_string() if kind == "large_string" else pa.string())
+    pq.write_table(pa.table({"task_index": pa.array([0], pa.int64()), column: text}),
+                   os.path.join(root, "meta", "tasks.parquet"))
+    train, _, _ = build_datasets(make_cfg(tmp_path, {"dataset_dir": root}))
+    assert train.load((0, 0))["instruction"] == "push the squares"
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_image_features_in_parquet(tmp_path, version):
+    root = str(tmp_path / "images")
+    features = {"observation.state": {"dtype": "float32", "shape": [4], "names": None},
+                "action": {"dtype": "float32", "shape": [4], "names": None},
+                "observation.images.wrist": {"dtype": "image", "shape": [8, 12, 3],
+                                             "names": ["height", "width", "channel"]}}
+    writer = LeRobotWriter(root, 10, features, version=version, episodes_per_file=1)
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (10, 8, 12, 3), dtype=np.uint8) for _ in range(2)]
+    for k in range(2):
+        values = np.full((10, 4), k, np.float32)
+        writer.add_episode({"observation.state": values, "action": values, "observation.images.wrist": frames[k]},
+                           "images")
+    writer.close()
+    cfg = make_cfg(tmp_path, {"dataset_dir": root}, video_height=8, video_width=12)
+    train, _, _ = build_datasets(cfg)
+    video = train.load((1, 1))["video"].numpy()  # PNG is lossless: exact pixels of frames 1, 5, 9
+    np.testing.assert_allclose(video, frames[1][[1, 5, 9]].transpose(0, 3, 1, 2) / 127.5 - 1, atol=1e-6)
+
+
+@pytest.mark.parametrize("version,codec", [("v3.0", "libsvtav1"), ("v2.1", "libx264")])
+def test_frame_accurate_seeking(tmp_path, version, codec):
+    """Frame k of episode e is grey level 12 k + 4 e: the decoded level names the frame read."""
+    root = str(tmp_path / "grey")
+    features = {"observation.state": {"dtype": "float32", "shape": [4], "names": None},
+                "action": {"dtype": "float32", "shape": [4], "names": None},
+                "observation.images.top": {"dtype": "video", "shape": [16, 16, 3], "names": None}}
+    writer = LeRobotWriter(root, 15, features, version=version, codec=codec, episodes_per_file=2)
+    for e in range(3):  # v3.0: episodes 0 and 1 share a file (episode 1 starts at 20 / 15 s), episode 2 starts a new one
+        grey = np.repeat((12 * np.arange(20) + 4 * e).astype(np.uint8), 16 * 16 * 3).reshape(20, 16, 16, 3)
+        values = np.zeros((20, 4), np.float32)
+        writer.add_episode({"observation.state": values, "action": values, "observation.images.top": grey}, "grey")
+    writer.close()
+    train, _, _ = build_datasets(make_cfg(tmp_path, {"dataset_dir": root}, video_height=16, video_width=16))
+    for e in range(3):
+        for c in (0, 3, 11):
+            video = (train.load((e, c))["video"].numpy() + 1) * 127.5
+            levels = video.mean(axis=(1, 2, 3))
+            np.testing.assert_allclose(levels, 12 * np.array([c, c + 4, c + 8]) + 4 * e, atol=3)
