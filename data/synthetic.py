@@ -1,13 +1,14 @@
 """The synthetic dataset of the default recipe: coloured squares that move to their goals.
 
 Each episode shows `num_squares` squares on a grey background, and for each a small dot of the
-same colour: its goal. The state is the squares' positions (x, y per square, in [0, 1] of the
-free range); the action at frame t is the displacement that took them from frame t-1 to frame t
-(position[t] = position[t-1] + action[t], action[0] = 0). A square heads for its goal at a speed
-drawn per episode, with a little noise, and gets a new goal when it arrives. So a world model
-can learn how actions move pixels, and a policy can read the next actions off the first frame
-(where the goals are) and the state. Deterministic from the seed; written in LeRobot v3.0 layout
-(AV1) by our writer. With 2 squares: state_dim = action_dim = 4 (the tiny recipe).
+same colour: its goal. The state is the squares' positions, then their goals (x, y per square,
+in [0, 1] of the free range), like a goal-conditioned robot's proprioception; the action at
+frame t is the displacement that took the squares from frame t-1 to frame t (position[t] =
+position[t-1] + action[t], action[0] = 0). A square heads for its goal at a speed drawn per
+episode, with a little noise, and gets a new goal when it arrives. So a world model can learn
+how actions move pixels, and a policy can read the next actions off the state and the first
+frame. Deterministic from the seed; written in LeRobot v3.0 layout (AV1) by our writer. With 2
+squares: action_dim = 4, state_dim = 8 (the tiny recipe).
 
     python -m data.synthetic assets/synthetic [--num-episodes 24 --episode-length 80 --seed 0]
 """
@@ -26,7 +27,7 @@ COLOUR_NAMES = ["red", "blue", "green", "yellow", "magenta", "cyan"]
 BACKGROUND = (90, 90, 90)
 CAMERA = "observation.images.top"
 PARAMS_FILE = "meta/synthetic.json"
-MOTION = "goal_v1"  # recorded with the parameters, so a dataset of an older motion law is refused
+MOTION = "goal_v2"  # recorded with the parameters, so a dataset of an older motion law is refused
 
 
 def square_size(height, width):
@@ -91,7 +92,8 @@ def generate(out_dir, num_episodes=24, episode_length=80, fps=30, image_height=4
     rng = np.random.default_rng(seed)
     names = [f"{axis}{k}" for k in range(num_squares) for axis in ("x", "y")]
     features = {
-        "observation.state": {"dtype": "float32", "shape": [2 * num_squares], "names": names},
+        "observation.state": {"dtype": "float32", "shape": [4 * num_squares],
+                              "names": names + [f"goal_{n}" for n in names]},
         "action": {"dtype": "float32", "shape": [2 * num_squares], "names": [f"d{n}" for n in names]},
         CAMERA: {"dtype": "video", "shape": [image_height, image_width, 3],
                  "names": ["height", "width", "channels"]},
@@ -101,7 +103,8 @@ def generate(out_dir, num_episodes=24, episode_length=80, fps=30, image_height=4
     for _ in range(num_episodes):
         state, action, goals = episode_motion(rng, episode_length, num_squares)
         frames = np.stack([render(s, image_height, image_width, g) for s, g in zip(state, goals)])
-        writer.add_episode({"observation.state": state, "action": action, CAMERA: frames}, task_of(num_squares))
+        writer.add_episode({"observation.state": np.concatenate([state, goals], axis=1), "action": action,
+                            CAMERA: frames}, task_of(num_squares))
     writer.close()
     params = dict(num_episodes=num_episodes, episode_length=episode_length, fps=fps, image_height=image_height,
                   image_width=image_width, num_squares=num_squares, seed=seed, motion=MOTION)
@@ -112,11 +115,11 @@ def generate(out_dir, num_episodes=24, episode_length=80, fps=30, image_height=4
 
 def _params_from_config(cfg):
     s, c = cfg.dataset.synthetic, cfg.common
-    if c.action_dim != c.state_dim or c.state_dim % 2:
-        raise DataError(f"the synthetic dataset has state_dim = action_dim = 2 x squares; common.state_dim is "
-                        f"{c.state_dim} and common.action_dim is {c.action_dim}")
+    if c.state_dim != 2 * c.action_dim or c.action_dim % 2:
+        raise DataError(f"the synthetic dataset has action_dim = 2 x squares and state_dim = 2 x action_dim; "
+                        f"common.state_dim is {c.state_dim} and common.action_dim is {c.action_dim}")
     return dict(num_episodes=s.num_episodes, episode_length=s.episode_length, fps=s.fps,
-                image_height=s.image_height, image_width=s.image_width, num_squares=c.state_dim // 2, seed=s.seed)
+                image_height=s.image_height, image_width=s.image_width, num_squares=c.action_dim // 2, seed=s.seed)
 
 
 def ensure_synthetic(cfg):

@@ -31,7 +31,7 @@ def root(pristine, tmp_path):
 
 
 def make_cfg(tmp_path, root, skip=False, **common):
-    base = {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 2, "video_height": 16,
+    base = {"common": {"action_dim": 4, "state_dim": 8, "num_video_frames": 2, "video_height": 16,
                        "video_width": 16, "global_downsample_rate": 1, "video_action_freq_ratio": 2, **common},
             "dataset": {"type": "lerobot", "dataset_dir": root, "val_fraction": 0.0, "skip_bad_samples": skip},
             "training": {"batch_size": 4}, "system": {"num_workers": 0}}

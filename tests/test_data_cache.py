@@ -37,7 +37,7 @@ class FakeEncoders:
 
 
 def make_cfg(tmp_path, root, **extra):
-    base = {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 2, "video_height": 16, "video_width": 16,
+    base = {"common": {"action_dim": 4, "state_dim": 8, "num_video_frames": 2, "video_height": 16, "video_width": 16,
                        "global_downsample_rate": 1, "video_action_freq_ratio": 2},
             "dataset": {"type": "synthetic", "dataset_dir": root, "val_fraction": 0.25,
                         "synthetic": {"num_episodes": 4, "episode_length": 12, "image_height": 16,

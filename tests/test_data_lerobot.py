@@ -64,7 +64,7 @@ def test_layout_files(folders, version):
 
 @pytest.mark.parametrize("version", ["v3.0", "v2.1"])
 def test_window_values_and_pixels(folders, version, tmp_path):
-    cfg = make_cfg(tmp_path, {"dataset_dir": folders[version]})
+    cfg = make_cfg(tmp_path, {"dataset_dir": folders[version]}, state_dim=8)
     train, val, stats = build_datasets(cfg)
     assert val is None and train.num_episodes() == 3 and train.image_keys == ["observation.images.top"]
     for i, c in [(0, 0), (1, 11), (2, 5)]:  # 11 = the last condition frame: 11 + 2*2*2 = 19
@@ -72,7 +72,7 @@ def test_window_values_and_pixels(folders, version, tmp_path):
         assert ep.index == i and ep.length == 20
         sample = train.load((i, c))
         state, action, goals = expected_episode(i)
-        np.testing.assert_array_equal(sample["state"].numpy(), state[c])
+        np.testing.assert_array_equal(sample["state"].numpy(), np.concatenate([state[c], goals[c]]))
         np.testing.assert_array_equal(sample["actions"].numpy(), action[[c + 2, c + 4, c + 6, c + 8]])
         assert sample["frame_index"] == c and sample["episode_index"] == i
         assert sample["instruction"] == "move the red square and the blue square to the dots"
@@ -116,7 +116,7 @@ def test_two_cameras_tiled_and_selected(tmp_path):
 
 def test_mixed_folders_with_weights(folders, tmp_path):
     dirs = [folders["v3.0"], folders["v2.1"]]
-    cfg = make_cfg(tmp_path, {"dataset_dir": dirs, "weights": [1.0, 0.0]})
+    cfg = make_cfg(tmp_path, {"dataset_dir": dirs, "weights": [1.0, 0.0]}, state_dim=8)
     train, _, _ = build_datasets(cfg)
     assert train.num_episodes() == 6
     stream = build_train_stream(train, cfg)
@@ -124,7 +124,7 @@ def test_mixed_folders_with_weights(folders, tmp_path):
     assert sources == {0}
     batch = next(stream)
     assert batch["video"].shape == (2, 3, 3, H, W)
-    cfg = make_cfg(tmp_path, {"dataset_dir": dirs, "weights": [1.0, 3.0]})
+    cfg = make_cfg(tmp_path, {"dataset_dir": dirs, "weights": [1.0, 3.0]}, state_dim=8)
     train, _, _ = build_datasets(cfg)
     share = np.mean([train.episodes[train.draw(np.random.default_rng(n))[0]].source for n in range(400)])
     assert 0.65 < share < 0.85  # three quarters from the second folder
@@ -140,7 +140,7 @@ def test_tasks_parquet_variants(folders, tmp_path, column, kind):
     text = pa.array(["push the squares"], pa.large_string() if kind == "large_string" else pa.string())
     pq.write_table(pa.table({"task_index": pa.array([0], pa.int64()), column: text}),
                    os.path.join(root, "meta", "tasks.parquet"))
-    train, _, _ = build_datasets(make_cfg(tmp_path, {"dataset_dir": root}))
+    train, _, _ = build_datasets(make_cfg(tmp_path, {"dataset_dir": root}, state_dim=8))
     assert train.load((0, 0))["instruction"] == "push the squares"
 
 

@@ -11,7 +11,7 @@ from data.transforms import fit_frames, tile_cameras
 
 
 def make_cfg(tmp_path, root, **dataset):
-    base = {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 2, "video_height": 16,
+    base = {"common": {"action_dim": 4, "state_dim": 8, "num_video_frames": 2, "video_height": 16,
                        "video_width": 24, "global_downsample_rate": 2, "video_action_freq_ratio": 2},
             "dataset": {"type": "lerobot", "dataset_dir": root, **dataset},
             "training": {"batch_size": 2, "seed": 7}, "system": {"num_workers": 0, "pin_memory": False}}

@@ -78,7 +78,7 @@ def test_modes_and_round_trip(tmp_path):
 
 
 def make_cfg(tmp_path, root, **dataset):
-    base = {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 2, "video_height": 16, "video_width": 16,
+    base = {"common": {"action_dim": 4, "state_dim": 8, "num_video_frames": 2, "video_height": 16, "video_width": 16,
                        "global_downsample_rate": 1, "video_action_freq_ratio": 2},
             "dataset": {"type": "lerobot", "dataset_dir": root, "val_fraction": 0.25, **dataset},
             "training": {"batch_size": 2}, "system": {"num_workers": 0}}
@@ -99,8 +99,8 @@ def test_dataset_normalises_with_its_statistics(root, tmp_path):
     np.testing.assert_allclose(sample["state"].numpy(), (ep.state[3] - s.mean(0)) / s.std(0), rtol=1e-4, atol=1e-5)
     # a stats file is used as given, with the configured mode
     path = tmp_path / "given.json"
-    fake = {k: {"mean": [1.0] * 4, "std": [2.0] * 4, "min": [0.0] * 4, "max": [4.0] * 4, "q01": [0.0] * 4,
-                "q99": [2.0] * 4, "count": [1]} for k in ("action", "observation.state")}
+    fake = {k: {"mean": [1.0] * n, "std": [2.0] * n, "min": [0.0] * n, "max": [4.0] * n, "q01": [0.0] * n,
+                "q99": [2.0] * n, "count": [1]} for k, n in (("action", 4), ("observation.state", 8))}
     path.write_text(json.dumps(fake))
     train, _, stats = build_datasets(make_cfg(tmp_path, root, stats_path=str(path), normalization="min_max"))
     np.testing.assert_allclose(train.load((1, 3))["actions"].numpy(), (ep.action[[4, 5, 6, 7]] - 2.0) / 2.0,

@@ -29,21 +29,22 @@ SMALL = {"num_episodes": 3, "episode_length": 16, "fps": 10, "image_height": 24,
 
 def test_synthetic_is_deterministic_and_pixels_follow_actions(tmp_path):
     cfg = make_cfg(tmp_path, {"type": "synthetic", "dataset_dir": str(tmp_path / "syn"), "synthetic": SMALL,
-                              "normalization": "none"})
+                              "normalization": "none"}, state_dim=8)
     train, _, _ = build_datasets(cfg)  # generates the folder (AV1) on first use
     again = str(tmp_path / "again")
     generate(again, **{**SMALL, "num_squares": 2})
     path = "data/chunk-000/file-000.parquet"
     assert pq.read_table(os.path.join(again, path)).equals(pq.read_table(str(tmp_path / "syn" / path)))
     ep = train.episodes[1]
-    np.testing.assert_allclose(ep.state[1:], ep.state[:-1] + ep.action[1:], atol=1e-6)  # positions integrate actions
+    position = ep.state[:, :4]  # then the goals
+    np.testing.assert_allclose(position[1:], position[:-1] + ep.action[1:], atol=1e-6)  # positions integrate actions
     assert np.abs(ep.action).max() > 0.005
     size = square_size(24, 32)
     video = train.load((1, 5))["video"].numpy()
     for j, frame in enumerate([5, 7, 9]):
         red = (video[j, 0] > 0.5) & (video[j, 1] < -0.3) & (video[j, 2] < -0.3)
         ys, xs = np.nonzero(red)
-        x, y = ep.state[frame, 0] * (32 - size), ep.state[frame, 1] * (24 - size)
+        x, y = position[frame, 0] * (32 - size), position[frame, 1] * (24 - size)
         assert abs(xs.mean() - (x + size / 2 - 0.5)) < 1.0 and abs(ys.mean() - (y + size / 2 - 0.5)) < 1.0
     ensure_synthetic(cfg)  # present and matching: nothing to do
     from omegaconf import OmegaConf
@@ -111,7 +112,7 @@ def test_latent_action_format(tmp_path):
     sample = train.load((2, 1))
     assert "state" not in sample and sample["instruction"] == "latent 2"
     np.testing.assert_array_equal(sample["actions"].numpy(), latents[2][[2, 3, 4, 5]])
-    lerobot = build_datasets(make_cfg(tmp_path, {"type": "lerobot", "dataset_dir": source}))[0]
+    lerobot = build_datasets(make_cfg(tmp_path, {"type": "lerobot", "dataset_dir": source}, state_dim=8))[0]
     torch.testing.assert_close(sample["video"], lerobot.load((2, 1))["video"])  # same frames through both paths
     batch = next(build_train_stream(train, cfg))
     assert batch["actions"].shape == (2, 4, 4) and "state" not in batch

@@ -61,10 +61,13 @@ def test_metrics_record_schedule_and_norms(runs):
     for r in rec:
         for key in ("step", "loss", "video_loss", "action_loss", "lr", "grad_norm", "samples_per_sec", "step_time"):
             assert key in r
-    # tiny.yaml: linear schedule, 2 warmup steps (FAST), lr 2e-3: step 1 runs at half the peak
+    # tiny.yaml: linear schedule, 2 warmup steps (FAST), lr 5e-3: step 1 runs at half the peak, then
+    # Motus's linear decay towards f_min = 0.1 at cycle_length = 300
     first_lrs = rec[0]["lr"]
-    assert all(v == pytest.approx(1e-3) for v in first_lrs.values()), first_lrs
-    assert all(v == pytest.approx(2e-3) for v in rec[1]["lr"].values())
+    assert set(first_lrs) == {"muon", "adamw"}
+    assert all(v == pytest.approx(2.5e-3) for v in first_lrs.values()), first_lrs
+    assert all(v == pytest.approx(5e-3) for v in rec[1]["lr"].values())
+    assert all(v == pytest.approx(5e-3 * (0.1 + 0.9 * (300 - 3) / (300 - 2))) for v in rec[2]["lr"].values())
 
 
 def test_retention_and_latest(runs):

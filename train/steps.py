@@ -39,34 +39,36 @@ def to_device(batch, device):
 
 
 @torch.no_grad()
-def sample_first_batch(model, encoders, batch, inputs, stats, want_pictures):
-    """Policy-mode action error against the constant (mean-action) baseline, in normalised units;
-    on request, the ground-truth vs joint-mode frames and actions (robot units) as pictures."""
-    policy = model.sample(inputs, "policy")
+def policy_errors(model, inputs):
+    """Policy-mode action error against the constant baseline (always the mean action), in
+    normalised units: the model beats the baseline when the first is smaller."""
     truth = inputs["actions"].float()
-    errors = {"policy_action_mse": (policy["actions"].float() - truth).pow(2).mean().item(),
-              "constant_action_mse": truth.pow(2).mean().item()}
-    pictures = None
-    if want_pictures:
-        from models.report import prediction_figures
-        joint = model.sample(inputs, "joint")
-        grid, fig = prediction_figures(batch["video"], encoders.decode_video(joint["video_latents"]),
-                                       stats.unnormalize_action(truth.cpu()),
-                                       stats.unnormalize_action(joint["actions"].float().cpu()))
-        pictures = ({"val/frames_true_vs_predicted": grid}, {"val/actions_true_vs_predicted": fig})
-    return errors, pictures
+    return {"policy_action_mse": (model.sample(inputs, "policy")["actions"].float() - truth).pow(2).mean().item(),
+            "constant_action_mse": truth.pow(2).mean().item()}
+
+
+@torch.no_grad()
+def prediction_pictures(model, encoders, batch, inputs, stats):
+    """Ground-truth vs joint-mode frames and actions (robot units), for TensorBoard."""
+    from models.report import prediction_figures
+    joint = model.sample(inputs, "joint")
+    grid, fig = prediction_figures(batch["video"], encoders.decode_video(joint["video_latents"]),
+                                   stats.unnormalize_action(inputs["actions"].float().cpu()),
+                                   stats.unnormalize_action(joint["actions"].float().cpu()))
+    return {"val/frames_true_vs_predicted": grid}, {"val/actions_true_vs_predicted": fig}
 
 
 @torch.no_grad()
 def validate(engine, encoders, loader, cfg, stats):
-    """Mean losses on held-out episodes over `system.val_batches` batches per rank, averaged over
-    ranks, plus the policy error on the first batch; rank 0 also returns prediction pictures.
+    """Mean losses and policy errors on held-out episodes over `system.val_batches` batches per rank,
+    averaged over ranks; rank 0 also returns prediction pictures of the first batch.
 
     Runs on every rank (the forward may hold collectives) with its own fixed RNG, so it
     neither depends on nor disturbs the training RNG stream.
     """
     engine.eval()
-    sums, count, pictures = {"loss": 0.0, "video_loss": 0.0, "action_loss": 0.0}, 0, None
+    model = engine.unwrapped_model()
+    sums, count, pictures = {}, 0, None
     with torch.random.fork_rng(devices=[] if engine.device.type == "cpu" else [engine.device]):
         torch.manual_seed(cfg.training.seed + 1000003 * dist.rank())
         for i, batch in enumerate(loader):
@@ -75,13 +77,12 @@ def validate(engine, encoders, loader, cfg, stats):
             inputs = encoders.encode(to_device(batch, engine.device))
             inputs["noise_seeds"] = noise_seeds(cfg.training.seed, 0, batch)  # the same noise every time
             out = engine.model(inputs)
-            for k in ("loss", "video_loss", "action_loss"):
-                sums[k] += out[k].float().item()
-            if i == 0:
-                errors, pictures = sample_first_batch(engine.unwrapped_model(), encoders, batch, inputs, stats,
-                                                      want_pictures=dist.is_main())
-                sums.update(errors)
+            values = {k: out[k].float().item() for k in ("loss", "video_loss", "action_loss")}
+            values.update(policy_errors(model, inputs))
+            for k, v in values.items():
+                sums[k] = sums.get(k, 0.0) + v
+            if i == 0 and dist.is_main():
+                pictures = prediction_pictures(model, encoders, batch, inputs, stats)
             count += 1
     engine.train()
-    means = {k: v / (1 if k.endswith("action_mse") else max(count, 1)) for k, v in sums.items()}
-    return dist.mean_across_ranks(means), pictures
+    return dist.mean_across_ranks({k: v / max(count, 1) for k, v in sums.items()}), pictures
