@@ -40,10 +40,15 @@ def to_device(batch, device):
 
 @torch.no_grad()
 def policy_errors(model, inputs):
-    """Policy-mode action error against the constant baseline (always the mean action), in
-    normalised units: the model beats the baseline when the first is smaller."""
+    """Policy-mode action errors against the constant baseline (always the mean action), in
+    normalised units: one sampled chunk (the configured Euler steps), and the model's expected chunk
+    (one Euler step from pure noise gives E[actions | observation] for a rectified flow)."""
     truth = inputs["actions"].float()
-    return {"policy_action_mse": (model.sample(inputs, "policy")["actions"].float() - truth).pow(2).mean().item(),
+
+    def mse(num_steps):
+        return (model.sample(inputs, "policy", num_steps)["actions"].float() - truth).pow(2).mean().item()
+
+    return {"policy_action_mse": mse(None), "policy_mean_action_mse": mse(1),
             "constant_action_mse": truth.pow(2).mean().item()}
 
 
