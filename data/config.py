@@ -7,12 +7,15 @@ from typing import Any, List, Optional
 class SyntheticConfig:
     """The generated dataset of the default recipe (written in LeRobot v3.0 layout)."""
     num_episodes: int = 24
+    """Episodes to generate."""
     episode_length: int = 80
     """Frames per episode."""
     fps: int = 30
+    """Frames per second recorded in meta/info.json."""
     image_height: int = 48
-    """Camera frame size; the squares (state_dim / 2 of them) move inside it."""
+    """Camera frame size; the squares (action_dim / 2 of them) move inside it."""
     image_width: int = 64
+    """Width of the generated camera images."""
     seed: int = 0
     """Generator seed: the same seed gives the same dataset, frame for frame."""
 

@@ -32,6 +32,7 @@ class CommonConfig:
     video_height: int = 384
     """Frames are resized, keeping the aspect ratio and padding, to video_height x video_width."""
     video_width: int = 320
+    """See video_height."""
     global_downsample_rate: int = 3
     """Raw frames between two action steps d."""
     video_action_freq_ratio: int = 2
@@ -45,6 +46,7 @@ class TrainingConfig:
     batch_size: int = 2
     """Micro batch per process."""
     gradient_accumulation_steps: int = 1
+    """Micro-steps per optimizer update; gradients are synchronised at the last one only."""
     global_batch_size: Optional[int] = None
     """If set, must equal batch_size * gradient_accumulation_steps * world size."""
     max_steps: int = 100
