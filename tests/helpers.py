@@ -47,3 +47,13 @@ def metrics(tmp, run_name, config="tiny"):
 
 def losses(records):
     return {r["step"]: r["loss"] for r in records}
+
+
+def config_from(tmp_path, sections):
+    """Write `sections` as a YAML file in tmp_path and load it through the real schema."""
+    import yaml
+
+    from utils.config import load_config
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(sections))
+    return load_config(str(path))

@@ -6,9 +6,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from data import DataError, build_datasets, build_train_stream
+from tests.helpers import config_from
 
 EP1_DATA = "data/chunk-000/episode_000001.parquet"
 EP1_VIDEO = "videos/chunk-000/observation.images.top/episode_000001.mp4"
@@ -35,10 +35,7 @@ def make_cfg(tmp_path, root, skip=False, **common):
                        "video_width": 16, "global_downsample_rate": 1, "video_action_freq_ratio": 2, **common},
             "dataset": {"type": "lerobot", "dataset_dir": root, "val_fraction": 0.0, "skip_bad_samples": skip},
             "training": {"batch_size": 4}, "system": {"num_workers": 0}}
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(base))
-    from utils.config import load_config
-    return load_config(str(path))
+    return config_from(tmp_path, base)
 
 
 def rewrite(path, column, values):

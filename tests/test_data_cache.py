@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 
 from data import DataError, build_datasets, build_train_stream
 from data.build_cache import build_cache
+from tests.helpers import config_from
 
 
 class FakeEncoders:
@@ -45,10 +45,7 @@ def make_cfg(tmp_path, root, **extra):
             "training": {"batch_size": 3, "seed": 1}, "system": {"num_workers": 0}}
     for section, values in extra.items():
         base.setdefault(section, {}).update(values)
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(base))
-    from utils.config import load_config
-    return load_config(str(path))
+    return config_from(tmp_path, base)
 
 
 @pytest.fixture(scope="module")

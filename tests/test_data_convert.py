@@ -6,11 +6,11 @@ import os
 import h5py
 import numpy as np
 import pytest
-import yaml
 from PIL import Image
 
 from data import DataError, build_datasets
 from data.convert_robotwin import convert
+from tests.helpers import config_from
 
 T, H, W = 14, 24, 32
 COLOURS = {"head": (220, 30, 30), "left": (30, 200, 30), "right": (30, 30, 220)}
@@ -69,10 +69,7 @@ def make_cfg(tmp_path, root):
                        "video_width": 96, "global_downsample_rate": 1, "video_action_freq_ratio": 2},
             "dataset": {"type": "lerobot", "dataset_dir": root, "val_fraction": 0.0, "normalization": "none"},
             "training": {"batch_size": 2}, "system": {"num_workers": 0}}
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(base))
-    from utils.config import load_config
-    return load_config(str(path))
+    return config_from(tmp_path, base)
 
 
 @pytest.mark.parametrize("layout", ["classic", "new"])

@@ -5,11 +5,11 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from data import DataError, build_datasets, build_train_stream
 from data.lerobot_writer import LeRobotWriter
 from data.synthetic import episode_motion, generate, render
+from tests.helpers import config_from
 
 H, W = 32, 48  # video size = image size: the decoded pixels are compared without resampling
 
@@ -19,10 +19,7 @@ def make_cfg(tmp_path, dataset, **common):
                        "global_downsample_rate": 2, "video_action_freq_ratio": 2, **common},
             "dataset": {"type": "lerobot", "val_fraction": 0.0, "normalization": "none", **dataset},
             "training": {"batch_size": 2, "seed": 3}, "system": {"num_workers": 0}}
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(base))
-    from utils.config import load_config
-    return load_config(str(path))
+    return config_from(tmp_path, base)
 
 
 @pytest.fixture(scope="module")

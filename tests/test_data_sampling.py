@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from data import build_datasets, build_train_stream, build_val_loader
 from data.episodes import WindowSpec, split_episodes
 from data.synthetic import generate
 from data.transforms import fit_frames, tile_cameras
+from tests.helpers import config_from
 
 
 def make_cfg(tmp_path, root, **dataset):
@@ -15,10 +15,7 @@ def make_cfg(tmp_path, root, **dataset):
                        "video_width": 24, "global_downsample_rate": 2, "video_action_freq_ratio": 2},
             "dataset": {"type": "lerobot", "dataset_dir": root, **dataset},
             "training": {"batch_size": 2, "seed": 7}, "system": {"num_workers": 0, "pin_memory": False}}
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(base))
-    from utils.config import load_config
-    return load_config(str(path))
+    return config_from(tmp_path, base)
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from data import NormStats, build_datasets
 from data.normalize import compute_feature_stats
 from data.synthetic import generate
+from tests.helpers import config_from
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,10 +82,7 @@ def make_cfg(tmp_path, root, **dataset):
                        "global_downsample_rate": 1, "video_action_freq_ratio": 2},
             "dataset": {"type": "lerobot", "dataset_dir": root, "val_fraction": 0.25, **dataset},
             "training": {"batch_size": 2}, "system": {"num_workers": 0}}
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(base))
-    from utils.config import load_config
-    return load_config(str(path))
+    return config_from(tmp_path, base)
 
 
 def test_dataset_normalises_with_its_statistics(root, tmp_path):

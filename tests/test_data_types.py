@@ -6,22 +6,19 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
 
 from data import DataError, build_datasets, build_train_stream
 from data.latent_action import write_latent_episode, write_meta
 from data.synthetic import ensure_synthetic, generate, square_size
 from data.video import VideoEncoder
+from tests.helpers import config_from
 
 
 def make_cfg(tmp_path, dataset, **common):
     base = {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 2, "video_height": 24,
                        "video_width": 32, "global_downsample_rate": 1, "video_action_freq_ratio": 2, **common},
             "dataset": {"val_fraction": 0.0, **dataset}, "training": {"batch_size": 2}, "system": {"num_workers": 0}}
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(base))
-    from utils.config import load_config
-    return load_config(str(path))
+    return config_from(tmp_path, base)
 
 
 SMALL = {"num_episodes": 3, "episode_length": 16, "fps": 10, "image_height": 24, "image_width": 32, "seed": 9}

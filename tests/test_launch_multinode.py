@@ -21,7 +21,7 @@ CLUSTER = os.path.join(ROOT, "scripts", "slurm", "local_cluster.sh")
 OVERRIDES = FAST + ["training.batch_size=2"]
 # The environment a user puts in scripts/slurm/nccl.env for this network.
 NETWORK = {"GLOO_SOCKET_IFNAME": "wmlink", "NPROC_PER_NODE": "1", "OMP_NUM_THREADS": "1"}
-TIMEOUT = 420
+TIMEOUT = 300
 
 
 def sh(*cmd, env=None, timeout=120):

@@ -61,7 +61,7 @@ def job_info(env, job):
     return dict(field.split("=", 1) for field in out.split() if "=" in field)
 
 
-def wait_until_gone(env, job, timeout=600):
+def wait_until_gone(env, job, timeout=300):
     deadline = time.monotonic() + timeout
     while sh("squeue", "-h", "-j", job, env=env).stdout.strip():
         if time.monotonic() > deadline:
