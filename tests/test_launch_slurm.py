@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 CLUSTER = os.path.join(ROOT, "scripts", "slurm", "local_cluster.sh")
 JOB_NAME = "wm-launch-test"
 # 2 processes x 2 samples; long enough that a signal sent after step 1 arrives mid-run.
-OVERRIDES = FAST + ["training.batch_size=2", "training.max_steps=8", "system.save_interval=4"]
+OVERRIDES = [o for o in FAST if o.split("=")[0] not in ("training.max_steps", "system.save_interval")] + [
+    "training.batch_size=2", "training.max_steps=8", "system.save_interval=4"]
 
 
 def sh(*cmd, env=None, timeout=60):

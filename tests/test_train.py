@@ -1,10 +1,11 @@
-"""The recipe end to end: ZeRO-1/2 with 2 processes against 1 process, exact resume, bad input."""
+"""The recipe end to end: ZeRO-1/2 with 2 processes against 1 process, exact resume, launchers, bad input."""
+import json
 import os
 import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, losses, metrics, run_dir, torchrun, train
+from tests.helpers import FAST, PYTHON, ROOT, free_port, losses, metrics, run_dir, torchrun, train
 from utils.checkpoint import complete_checkpoints
 
 pytestmark = pytest.mark.distributed
@@ -41,7 +42,6 @@ def test_resume_is_bit_identical(runs, name):
     uninterrupted = losses(out[name])
     rewound = [os.path.basename(p) for p in os.listdir(run_dir(tmp, name)) if "rewound" in p]
     assert rewound, "the records after the resumed step must be kept aside, not lost"
-    import json
     with open(os.path.join(run_dir(tmp, name), rewound[0])) as f:
         first_pass = {json.loads(line)["step"]: json.loads(line)["loss"] for line in f}
     assert first_pass == {s: uninterrupted[s] for s in (4, 5, 6)}, "resume must reproduce losses exactly"
@@ -92,3 +92,25 @@ def test_bad_dataset_path_fails_on_every_rank(tmp_path):
 def test_bad_input_exits_nonzero(tmp_path, args, match):
     r = torchrun(1, ["--config", "configs/tiny.yaml", "--checkpoint_dir", str(tmp_path), *args], timeout=180)
     assert r.returncode != 0 and match in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("launcher", ["deepspeed", "accelerate"])
+def test_other_launchers_give_the_same_run(runs, tmp_path, launcher):
+    """The deepspeed launcher and `accelerate launch` (its torchrun-based --multi_gpu path, which also
+    runs on CPU) start the same 2-process ZeRO-2 run as torchrun: the same losses, exactly."""
+    bin_dir = os.path.dirname(PYTHON)
+    port = str(free_port())
+    if launcher == "deepspeed":
+        cmd = [os.path.join(bin_dir, "deepspeed"), "--num_gpus", "2", "--master_port", port]
+    else:
+        cmd = [os.path.join(bin_dir, "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port]
+    cmd += ["train/train.py", "--config", "configs/tiny.yaml", "--deepspeed", "configs/zero2.json",
+            "--checkpoint_dir", str(tmp_path), "--run_name", launcher, *FAST, "training.max_steps=2",
+            "training.batch_size=2"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    _, out = runs
+    ref = losses(out["w2_zero2"])
+    assert losses(metrics(tmp_path, launcher)) == {1: ref[1], 2: ref[2]}
