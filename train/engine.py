@@ -141,16 +141,17 @@ class Engine:
         return out
 
     def optimizer_step(self):
-        """Finish the update after the last micro-step; return the pre-clip gradient norm."""
+        """Finish the update after the last micro-step; return the pre-clip gradient norm (a tensor
+        or a number: it is read back to the host only when it is logged)."""
         if self.deepspeed:
             norm = self.ds.get_global_grad_norm()
-            return float(norm) if norm is not None else float("nan")
+            return norm if norm is not None else float("nan")
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = self.clip if self.clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm
 
     def train(self):
         self.model.train()

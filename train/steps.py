@@ -34,6 +34,17 @@ def noise_seeds(seed, step, batch):
     return (seed * 1_000_003 + step) * 1_000_000_007 + ep * 1_000_003 + frame
 
 
+def make_record(step, loss_sum, grad_norm, param_groups, lrs, val, state, samples_per_sec, step_time, skipped):
+    """One metrics.jsonl record; the losses (device tensors) are read back and averaged over ranks here."""
+    record = {"step": step, **dist.mean_across_ranks({k: v.item() for k, v in loss_sum.items()}),
+              "grad_norm": float(grad_norm),
+              "lr": {g.get("name", str(i)): lr for i, (g, lr) in enumerate(zip(param_groups, lrs))},
+              "samples_per_sec": samples_per_sec, "step_time": step_time, "samples_seen": state.samples_seen,
+              "skipped_samples": skipped}
+    record.update({f"val_{k}": v for k, v in (val or {}).items()})
+    return record
+
+
 def to_device(batch, device):
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 

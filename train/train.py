@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
-from train.steps import TrainerState, noise_seeds, seed_everything, to_device, validate  # noqa: E402
+from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
 from utils import dist  # noqa: E402
 from utils.checkpoint import Checkpointer  # noqa: E402
 from utils.config import ConfigError, config_stem, load_config, save_config  # noqa: E402
@@ -78,6 +78,26 @@ def build_everything(cfg, world_size):
     return datasets, model, encoders, optimizer
 
 
+def restore(checkpointer, path, engine, state, stream, schedule, reset_scheduler):
+    """Resume: weights, optimizer, RNG, step, data position and lr schedule (unless reset on purpose)."""
+    saved = checkpointer.load(path, engine.load)
+    state.load_state_dict(saved)
+    stream.load_state_dict(saved["data"])
+    schedule.load_state_dict(saved["schedule"])
+    if reset_scheduler:
+        schedule.reset()
+    log.info("resumed from %s at step %d", path, state.step)
+
+
+def print_summary(run_dir, cfg, step):
+    latest = open(os.path.join(run_dir, "latest")).read().strip()
+    print(f"\nTraining finished at step {step}.\n  run directory: {run_dir}\n"
+          f"  checkpoint:    {os.path.join(run_dir, latest)}\n"
+          f"  metrics:       {os.path.join(run_dir, 'metrics.jsonl')}\n"
+          f"  tensorboard:   tensorboard --logdir {os.path.join(run_dir, cfg.logging.tensorboard_log_dir)}",
+          flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
@@ -118,14 +138,7 @@ def main(argv=None):
     dist.barrier()
     checkpointer.remove_interrupted_saves()
     if resume_from:
-        saved = checkpointer.load(resume_from, engine.load)
-        state.load_state_dict(saved)
-        stream.load_state_dict(saved["data"])
-        schedule.load_state_dict(saved["schedule"])
-        if cfg.resume.reset_scheduler:
-            schedule.reset()
-        log.info("resumed from %s at step %d", resume_from, state.step)
-
+        restore(checkpointer, resume_from, engine, state, stream, schedule, cfg.resume.reset_scheduler)
     metrics = Metrics(cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
     preemption = PreemptionFlag()
     ga, micro_batch = cfg.training.gradient_accumulation_steps, cfg.training.batch_size
@@ -160,13 +173,8 @@ def main(argv=None):
             metrics.add_figures(step, *(pictures or ({}, {})))
         if step % cfg.system.log_interval == 0 or val is not None or is_last:
             elapsed = time.perf_counter() - window_start
-            losses = dist.mean_across_ranks({k: v.item() for k, v in loss_sum.items()})
-            record = {"step": step, **losses, "grad_norm": grad_norm,
-                      "lr": {g.get("name", str(i)): lr for i, (g, lr) in enumerate(zip(engine.param_groups, lrs))},
-                      "samples_per_sec": samples_per_step * window_steps / elapsed,
-                      "step_time": elapsed / window_steps, "samples_seen": state.samples_seen,
-                      "skipped_samples": stream.skipped}
-            record.update({f"val_{k}": v for k, v in (val or {}).items()})
+            record = make_record(step, loss_sum, grad_norm, engine.param_groups, lrs, val, state,
+                                 samples_per_step * window_steps / elapsed, elapsed / window_steps, stream.skipped)
             metrics.log(record)
             metrics.progress(step, record)
             window_start, window_steps = time.perf_counter(), 0
@@ -182,11 +190,7 @@ def main(argv=None):
             sys.exit(REQUEUE_EXIT_CODE)
     metrics.close()
     if dist.is_main():
-        print(f"\nTraining finished at step {state.step}.\n  run directory: {run_dir}\n"
-              f"  checkpoint:    {os.path.join(run_dir, open(os.path.join(run_dir, 'latest')).read().strip())}\n"
-              f"  metrics:       {os.path.join(run_dir, 'metrics.jsonl')}\n"
-              f"  tensorboard:   tensorboard --logdir {os.path.join(run_dir, cfg.logging.tensorboard_log_dir)}",
-              flush=True)
+        print_summary(run_dir, cfg, state.step)
 
 
 if __name__ == "__main__":
