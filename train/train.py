@@ -55,19 +55,24 @@ def check_batch_size(cfg, world_size):
             f"{t.global_batch_size / (t.batch_size * world_size):g} or the process count")
 
 
+def make_generated_inputs(cfg):
+    """The default recipe's synthetic dataset and tiny frozen parts, made once by rank 0 on first use
+    (run under fail_together, whose agreement step is also the barrier the other ranks wait at)."""
+    from data.synthetic import ensure_synthetic
+    from models.tiny_assets import ensure_tiny_assets
+
+    if dist.is_main():
+        ensure_synthetic(cfg)
+        ensure_tiny_assets(cfg)
+
+
 def build_everything(cfg, world_size):
     """Data, model and optimizer: every start-up error surfaces here, on every rank."""
     from data import build_datasets
-    from data.synthetic import ensure_synthetic
     from models import build_world_model
-    from models.tiny_assets import ensure_tiny_assets
     from optim import build_optimizer
     from utils.finetune import load_finetune_weights
 
-    if dist.is_main():  # generated inputs of the default recipe, made once, on first use
-        ensure_synthetic(cfg)
-        ensure_tiny_assets(cfg)
-    dist.barrier()
     check_batch_size(cfg, world_size)
     datasets = build_datasets(cfg)
     seed_everything(cfg.training.seed, rank=0)  # the same initial weights on every rank, whatever ran before
@@ -99,6 +104,7 @@ def print_summary(run_dir, cfg, step):
 
 
 def main(argv=None):
+    preemption = PreemptionFlag()  # from the start: a signal during start-up still ends in a save
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -116,6 +122,7 @@ def main(argv=None):
     world_size = dist.world_size()
     try:
         run_dir, resume_from = dist.fail_together(choose_run_dir, cfg, config_stem(args.config))
+        dist.fail_together(make_generated_inputs, cfg)
         (train_set, val_set, stats), model, encoders, optimizer = dist.fail_together(
             build_everything, cfg, world_size)
     except dist.StartupError as e:
@@ -140,7 +147,6 @@ def main(argv=None):
     if resume_from:
         restore(checkpointer, resume_from, engine, state, stream, schedule, cfg.resume.reset_scheduler)
     metrics = Metrics(cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
-    preemption = PreemptionFlag()
     ga, micro_batch = cfg.training.gradient_accumulation_steps, cfg.training.batch_size
     samples_per_step = micro_batch * ga * world_size
     log.info("run directory: %s", run_dir)
