@@ -47,6 +47,16 @@ def test_resume_is_bit_identical(runs, name):
     assert first_pass == {s: uninterrupted[s] for s in (4, 5, 6)}, "resume must reproduce losses exactly"
 
 
+def test_gradient_accumulation_matches_a_larger_batch(runs):
+    """2 micro-steps of 2 samples make the same update as 1 step of 4: the same losses, step by step."""
+    tmp, out = runs
+    train(tmp, 1, "w1_ga2", ["training.batch_size=2", "training.gradient_accumulation_steps=2",
+                             "training.max_steps=4"])
+    ref, got = losses(out["w1_zero2"]), losses(metrics(tmp, "w1_ga2"))
+    for step in got:
+        assert got[step] == pytest.approx(ref[step], rel=1e-4, abs=1e-5), (step, got, ref)
+
+
 @pytest.mark.parametrize("name", ["w2_zero1", "w2_zero2"])
 def test_two_processes_match_one(runs, name):
     _, out = runs
