@@ -102,7 +102,9 @@ class Checkpointer:
     def save(self, step, engine, trainer_state, norm_stats):
         """Collective: call on every rank."""
         final = os.path.join(self.run_dir, f"{PREFIX}{step}")
-        if is_complete(final):  # resumed at this very step: it is already on disk
+        if is_complete(final):  # a rewound run reached a step saved before: keep what is on disk
+            if dist.is_main():
+                print(f"checkpoint: {final} already exists and is kept as it is", flush=True)
             return final
         tmp = os.path.join(self.run_dir, f".tmp_{PREFIX}{step}")
         if dist.is_main():
