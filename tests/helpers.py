@@ -57,3 +57,11 @@ def config_from(tmp_path, sections):
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(sections))
     return load_config(str(path))
+
+
+CLUSTER = os.path.join(ROOT, "scripts", "slurm", "local_cluster.sh")
+
+
+def sh(*cmd, env=None, timeout=120):
+    """Run a command from the repository root and capture its output."""
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -13,19 +13,15 @@ import time
 
 import pytest
 
-from tests.helpers import FAST, ROOT, losses, metrics, run_dir
+from tests.helpers import CLUSTER, FAST, ROOT, losses, metrics, run_dir, sh
 
 pytestmark = [pytest.mark.netns, pytest.mark.distributed]
 
-CLUSTER = os.path.join(ROOT, "scripts", "slurm", "local_cluster.sh")
 OVERRIDES = FAST + ["training.batch_size=2"]
 # The environment a user puts in scripts/slurm/nccl.env for this network.
 NETWORK = {"GLOO_SOCKET_IFNAME": "wmlink", "NPROC_PER_NODE": "1", "OMP_NUM_THREADS": "1"}
 TIMEOUT = 300
 
-
-def sh(*cmd, env=None, timeout=120):
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

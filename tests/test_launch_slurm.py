@@ -13,19 +13,15 @@ import time
 
 import pytest
 
-from tests.helpers import FAST, ROOT, losses, metrics, run_dir
+from tests.helpers import CLUSTER, FAST, ROOT, losses, metrics, run_dir, sh
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 
-CLUSTER = os.path.join(ROOT, "scripts", "slurm", "local_cluster.sh")
 JOB_NAME = "wm-launch-test"
 # 2 processes x 2 samples; long enough that a signal sent after step 1 arrives mid-run.
 OVERRIDES = [o for o in FAST if o.split("=")[0] not in ("training.max_steps", "system.save_interval")] + [
     "training.batch_size=2", "training.max_steps=8", "system.save_interval=4"]
 
-
-def sh(*cmd, env=None, timeout=60):
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

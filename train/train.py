@@ -13,8 +13,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-
 from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
