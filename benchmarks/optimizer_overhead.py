@@ -31,7 +31,6 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # must precede the torch impo
 
 import argparse
 import json
-import socket
 import sys
 import time
 
@@ -41,6 +40,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from optim import MuonAdamW  # noqa: E402
+from utils.dist import free_port  # noqa: E402
 from optim.newton_schulz import muon_lr, orthogonalize_stacks  # noqa: E402
 from optim.routing import matrix_view, split_params  # noqa: E402
 
@@ -319,9 +319,7 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     rows, sizes = [], {}
     for world in args.world_sizes:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         raw_path = f"{args.out}.w{world}.tmp"
         mp.spawn(_worker, args=(world, args, port, raw_path), nprocs=world)
         with open(raw_path) as f:

@@ -1,21 +1,16 @@
 """Run train/train.py as users do (torchrun, several processes) and read what it wrote."""
 import json
 import os
-import socket
 import subprocess
 import sys
+
+from utils.dist import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 # Small and quick: the tiny recipe at 4 samples per step, no validation unless asked.
 FAST = ["training.max_steps=6", "system.save_interval=3", "system.val_interval=1000", "system.num_workers=0",
         "logging.report_to=none", "training.warmup_steps=2"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(nproc, args, timeout=420, env=None):

@@ -8,7 +8,6 @@ accessors reassemble them; the tests compare them tensor by tensor (exact equali
 """
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,10 +17,10 @@ import pytest
 import torch
 from torch import nn
 
+from utils.dist import free_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 2
-
-
 
 
 class Block(nn.Module):
@@ -141,9 +140,7 @@ def worker(phase, root, combos):
 
 
 def launch(phase, root, world, combos):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),

@@ -4,7 +4,6 @@ One subprocess (this file run as a script) spawns 2 ranks that run every case in
 DeepSpeed is imported once; each rank writes what it measured, and the tests compare.
 """
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from optim import MuonAdamW  # noqa: E402
+from utils.dist import free_port  # noqa: E402
 
 WORLD, STEPS, BATCH = 2, 20, 8
 CASES = {  # name: (zero stage, gradient clipping, bf16)
@@ -204,10 +204,7 @@ def test_checkpoint_resume_is_exact(runs):
 
 def _main(out_dir):
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(out_dir, port), nprocs=WORLD)
+    mp.spawn(_worker, args=(out_dir, free_port()), nprocs=WORLD)
 
 
 if __name__ == "__main__":

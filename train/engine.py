@@ -11,12 +11,8 @@ from datetime import timedelta
 
 import torch
 
+from utils.dist import free_port
 from utils.checkpoint_convert import optimizer_state_by_name, reshard_if_needed, save_layout, save_plain_layout
-
-# YAML-owned DeepSpeed fields: the JSON says "auto" (or repeats the YAML's value).
-AUTO_FIELDS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-               "train_batch_size")
-
 
 def load_deepspeed_config(path, cfg, world_size):
     """Read a ZeRO JSON and fill its "auto" fields from the config; reject contradictions."""
@@ -34,20 +30,18 @@ def load_deepspeed_config(path, cfg, world_size):
                              "the YAML (training.optimizer, training.scheduler_type); a DeepSpeed optimizer "
                              "would replace MuonAdamW")
     t = cfg.training
+    # DeepSpeed field -> (the YAML's value, where it comes from); the JSON says "auto" or agrees
     owned = {
-        "train_micro_batch_size_per_gpu": t.batch_size,
-        "gradient_accumulation_steps": t.gradient_accumulation_steps,
-        "gradient_clipping": float(t.grad_clip_norm),
-        "train_batch_size": t.batch_size * t.gradient_accumulation_steps * world_size,
+        "train_micro_batch_size_per_gpu": (t.batch_size, "training.batch_size"),
+        "gradient_accumulation_steps": (t.gradient_accumulation_steps, "training.gradient_accumulation_steps"),
+        "gradient_clipping": (float(t.grad_clip_norm), "training.grad_clip_norm"),
+        "train_batch_size": (t.batch_size * t.gradient_accumulation_steps * world_size,
+                             "training.batch_size * gradient_accumulation_steps * world size"),
     }
-    yaml_key = {"train_micro_batch_size_per_gpu": "training.batch_size",
-                "gradient_accumulation_steps": "training.gradient_accumulation_steps",
-                "gradient_clipping": "training.grad_clip_norm",
-                "train_batch_size": "training.batch_size * gradient_accumulation_steps * world size"}
-    for key, value in owned.items():
+    for key, (value, source) in owned.items():
         given = ds.get(key, "auto")
         if given != "auto" and float(given) != float(value):
-            raise ValueError(f"{path}: '{key}' is {given} but the YAML gives {value} ({yaml_key[key]}); "
+            raise ValueError(f"{path}: '{key}' is {given} but the YAML gives {value} ({source}); "
                              f"set it to \"auto\" so the YAML decides")
         ds[key] = value
     bf16 = cfg.model.precision == "bf16_mixed"
@@ -67,11 +61,8 @@ def _single_process_env():
     """`python train/train.py` without a launcher is a world of one: give it a rendezvous."""
     if "WORLD_SIZE" in os.environ:
         return
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
 
 
 def make_accelerator(ds_config, timeout_minutes):

@@ -23,8 +23,8 @@ def _agree(value):
 
 
 def newest_run_with_checkpoint(config_dir):
-    runs = [d for d in glob.glob(os.path.join(config_dir, "*")) if complete_checkpoints(d)]
-    return max(runs, key=lambda d: os.path.getmtime(complete_checkpoints(d)[-1])) if runs else None
+    newest = [found[-1] for found in map(complete_checkpoints, glob.glob(os.path.join(config_dir, "*"))) if found]
+    return os.path.dirname(max(newest, key=os.path.getmtime)) if newest else None
 
 
 def choose_run_dir(cfg, stem):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from data.config import DatasetConfig
 from models.config import ModelConfig
@@ -208,7 +208,7 @@ def _merge(schema, data, source):
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         msg = getattr(e, "msg", str(e)).splitlines()[0]
-        if "not in struct" in str(e) or "Key '" in msg and "not in" in msg:
+        if isinstance(e, ConfigKeyError):  # a key the schema does not have
             raise ConfigError(f"{source}: unknown key '{key}'.{_closest(key, valid)}") from None
         raise ConfigError(f"{source}: bad value for '{key}': {msg}") from None
 

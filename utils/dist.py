@@ -1,5 +1,6 @@
 """Small distributed helpers that work the same on gloo (CPU) and NCCL (GPU)."""
 import os
+import socket
 import sys
 
 import torch
@@ -12,6 +13,13 @@ def rank():
 
 def world_size():
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+
+
+def free_port():
+    """A TCP port that is free on this host now (for a single-host rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def is_main():

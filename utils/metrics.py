@@ -10,9 +10,9 @@ def rewind_metrics(path, step):
     if not os.path.exists(path):
         return
     with open(path) as f:
-        lines = [line for line in f if line.strip()]
-    keep = [line for line in lines if json.loads(line)["step"] <= step]
-    later = [line for line in lines if json.loads(line)["step"] > step]
+        lines = [(json.loads(line)["step"], line) for line in f if line.strip()]
+    keep = [line for s, line in lines if s <= step]
+    later = [line for s, line in lines if s > step]
     if not later:
         return
     aside = f"{os.path.splitext(path)[0]}.rewound_from_step_{step}.jsonl"
