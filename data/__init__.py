@@ -3,9 +3,24 @@
     train_set, val_set, stats = build_datasets(cfg)
     stream = build_train_stream(train_set, cfg, rank, world_size)   # next(stream) -> batch
     loader = build_val_loader(val_set, cfg, rank, world_size)       # finite, sharded
-"""
-from data.build import build_datasets, build_train_stream, build_val_loader
-from data.errors import DataError
-from data.normalize import NormStats
 
-__all__ = ["build_datasets", "build_train_stream", "build_val_loader", "DataError", "NormStats"]
+Imports are lazy so that `data.config` (read by train/config.py) does not load PyAV and pyarrow.
+"""
+
+_EXPORTS = {
+    "build_datasets": "data.build",
+    "build_train_stream": "data.build",
+    "build_val_loader": "data.build",
+    "DataError": "data.errors",
+    "NormStats": "data.normalize",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'data' has no attribute '{name}'")

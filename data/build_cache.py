@@ -161,7 +161,7 @@ def main():
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from models import build_world_model
-    from utils.config import load_config
+    from train.config import load_config
     cfg = load_config(args.config, args.overrides)
     _, encoders = build_world_model(cfg)
     encoders.to(args.device)

@@ -2,6 +2,8 @@
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+DATASET_TYPES = ("lerobot", "robotwin", "synthetic", "latent_action")
+
 
 @dataclass
 class SyntheticConfig:

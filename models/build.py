@@ -48,7 +48,7 @@ def model_spec(cfg, size, wan_config, vae_config, vlm_dim):
         "vlm_dim": vlm_dim,
         "action_dim": cfg.common.action_dim,
         "state_dim": cfg.common.state_dim,
-        "action_chunk_size": cfg.common.num_video_frames * cfg.common.video_action_freq_ratio,
+        "action_chunk_size": cfg.common.action_chunk_size,
         "latent_frames": 1 + cfg.common.num_video_frames // vae_compression(vae_config)[0],
         "model": OmegaConf.to_container(m, resolve=True),
     }

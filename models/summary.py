@@ -79,7 +79,7 @@ def main():
     if args.gpus < 1:
         parser.error(f"--gpus is {args.gpus}; expected a positive integer")
     logging.disable(logging.WARNING)  # one JSON object on stdout, nothing else
-    from utils.config import load_config
+    from train.config import load_config
 
     print(json.dumps(summarize(load_config(args.config, args.overrides), args.gpus), indent=2))
 

@@ -1,4 +1,4 @@
-"""Crash safety and retention of utils.checkpoint (no model needed: a fake engine writes shards)."""
+"""Crash safety and retention of checkpoint.checkpointer (no model needed: a fake engine writes shards)."""
 import hashlib
 import json
 import os
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from utils.checkpoint import complete_checkpoints, resolve_resume_path
+from checkpoint.checkpointer import complete_checkpoints, resolve_resume_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,9 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = textwrap.dedent("""
     import os, signal, sys, json
     sys.path.insert(0, {root!r})
-    import utils.checkpoint as ck
+    import checkpoint.checkpointer as ck
     from omegaconf import OmegaConf
-    from utils.config import Config
+    from train.config import Config
 
     run_dir, steps, limit, kill = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
     calls = {{}}

@@ -57,7 +57,7 @@ def build_optimizer(model, name, world_size):
         from omegaconf import OmegaConf
 
         from optim import build_optimizer as build
-        from utils.config import TrainingConfig
+        from train.config import TrainingConfig
         cfg = OmegaConf.structured(TrainingConfig(optimizer="muon_adamw", learning_rate=1e-2))
         return build(model.named_parameters(), cfg, world_size)
     matrices = [p for p in model.parameters() if p.dim() == 2]
@@ -104,7 +104,7 @@ def gather_state(engine):
 def worker(phase, root, combos):
     import deepspeed
 
-    from utils.checkpoint_convert import reshard_if_needed, save_layout
+    from checkpoint.zero import reshard_if_needed, save_layout
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     source = {"train": None, "shrink": "train", "grow": "shrink"}[phase]
@@ -202,7 +202,7 @@ def test_resume_at_other_world_size_restores_every_tensor(runs, combo, source, t
 
 
 def test_same_world_size_is_left_to_deepspeed(runs, tmp_path):
-    from utils.checkpoint_convert import CheckpointConvertError, reshard_if_needed
+    from checkpoint.zero import CheckpointConvertError, reshard_if_needed
     engine_dir = os.path.join(runs, "train", "2-adamw", "engine")
     assert reshard_if_needed(types.SimpleNamespace(dp_world_size=2), engine_dir) is False
     # a checkpoint without a layout (written before layouts existed) still resumes at its own size
@@ -216,7 +216,7 @@ def test_same_world_size_is_left_to_deepspeed(runs, tmp_path):
 
 def test_plain_optimizer_state_follows_names_across_orders(tmp_path):
     """DDP / stage 0: a whole state dict, saved in one param order, loaded into another."""
-    from utils.checkpoint_convert import optimizer_state_by_name, save_plain_layout
+    from checkpoint.zero import optimizer_state_by_name, save_plain_layout
     torch.manual_seed(0)
     model = TinyExperts()
     before = build_optimizer(model, "adamw", world_size=2)
@@ -233,7 +233,7 @@ def test_plain_optimizer_state_follows_names_across_orders(tmp_path):
 
 
 def test_describe_reads_every_shard(runs, capsys):
-    from utils.checkpoint_convert import ShardReader, main
+    from checkpoint.zero import ShardReader, main
     main([os.path.join(runs, "train", "2-adamw")])
     text = capsys.readouterr().out
     assert "written by 2 ranks, ZeRO stage 2" in text and "exp_avg_sq" in text
@@ -245,7 +245,7 @@ def test_describe_reads_every_shard(runs, capsys):
 
 
 def test_missing_layout_is_a_clear_error(tmp_path):
-    from utils.checkpoint_convert import CheckpointConvertError, read_layout
+    from checkpoint.zero import CheckpointConvertError, read_layout
     with pytest.raises(CheckpointConvertError, match="zero_layout.json does not exist"):
         read_layout(str(tmp_path))
 

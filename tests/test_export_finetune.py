@@ -1,4 +1,4 @@
-"""Export (`python -m utils.export`) and fine-tune loading, with the real tiny WorldModel.
+"""Export (`python -m checkpoint.export`) and fine-tune loading, with the real tiny WorldModel.
 
 The checkpoint is written the way DeepSpeed writes one under ZeRO: the module's tensors are
 views of one flat buffer in `engine/mp_rank_00_model_states.pt` (which safetensors refuses
@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-from utils.config import load_config, save_config
-from utils.export import ExportError, export_checkpoint, main, model_spec_from_config, parse_size
-from utils.finetune import FinetuneError, load_finetune_weights
+from train.config import load_config, save_config
+from checkpoint.export import ExportError, export_checkpoint, main, model_spec_from_config, parse_size
+from checkpoint.finetune import FinetuneError, load_finetune_weights
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW_ACTION_DIM = r"action_expert\.(action_encoder\.0|proj_out)\..*"
@@ -162,7 +162,7 @@ def test_new_action_dim_needs_an_allow_pattern(cfg, trained, caplog):
         load_finetune_weights(model, ckpt, [])
     assert f"{key}: checkpoint (4, {hidden}), model (6, {hidden})" in str(err.value)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with caplog.at_level(logging.INFO, logger="utils.finetune"):
+    with caplog.at_level(logging.INFO, logger="checkpoint.finetune"):
         report = load_finetune_weights(model, ckpt, [NEW_ACTION_DIM])
     assert sorted(k for k, _, _ in report.skipped) == [
         "action_expert.action_encoder.0.weight", "action_expert.proj_out.bias", "action_expert.proj_out.weight"]
@@ -182,7 +182,7 @@ def test_missing_and_unexpected_keys_are_reported(cfg, tmp_path, caplog):
     ckpt = str(tmp_path / "checkpoint_step_1")
     write_checkpoint(saved, cfg, ckpt)
     fresh = world_model(cfg, seed=2)
-    with caplog.at_level(logging.WARNING, logger="utils.finetune"):
+    with caplog.at_level(logging.WARNING, logger="checkpoint.finetune"):
         report = load_finetune_weights(fresh, ckpt, [])
     assert report.missing == [dropped] and report.unexpected == ["old_head.weight"]
     assert f"missing (fresh init): {dropped}" in caplog.text

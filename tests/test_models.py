@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from models import ModelLoadError, build_world_model  # noqa: E402
 from models.flow import MODES, sample_noise_levels, shift_noise_levels  # noqa: E402
 from models.config import TimeDistributionConfig  # noqa: E402
-from utils.config import load_config  # noqa: E402
+from train.config import load_config  # noqa: E402
 
 TINY_YAML = """
 common: {{action_dim: 4, state_dim: 4, num_video_frames: 4, video_height: 64, video_width: 64,

@@ -12,7 +12,7 @@ from optim import MuonAdamW, build_optimizer
 from optim.newton_schulz import ns_flops, orthogonalize
 from optim.ownership import assign_owners, balanced_order, partition_size, predicted_pieces
 from optim.routing import split_params
-from utils.config import TrainingConfig
+from train.config import TrainingConfig
 
 
 @pytest.fixture(autouse=True)

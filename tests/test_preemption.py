@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import FAST, ROOT, metrics, run_dir, train
 from train.preemption import REQUEUE_EXIT_CODE
-from utils.checkpoint import complete_checkpoints
+from checkpoint.checkpointer import complete_checkpoints
 
 pytestmark = pytest.mark.distributed
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from utils.config import TrainingConfig
+from train.config import TrainingConfig
 from utils.schedule import LRSchedule, linear_multiplier
 
 

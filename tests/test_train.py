@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from tests.helpers import FAST, PYTHON, ROOT, free_port, losses, metrics, run_dir, torchrun, train
-from utils.checkpoint import complete_checkpoints
+from checkpoint.checkpointer import complete_checkpoints
 
 pytestmark = pytest.mark.distributed
 

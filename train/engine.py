@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 
 from utils.dist import free_port
-from utils.checkpoint_convert import optimizer_state_by_name, reshard_if_needed, save_layout, save_plain_layout
+from checkpoint.zero import optimizer_state_by_name, reshard_if_needed, save_layout, save_plain_layout
 
 def load_deepspeed_config(path, cfg, world_size):
     """Read a ZeRO JSON and fill its "auto" fields from the config; reject contradictions."""
@@ -84,7 +84,6 @@ class Engine:
 
     def __init__(self, accelerator, model, optimizer, cfg):
         self.accelerator = accelerator
-        self.cfg = cfg
         self.grad_accum = cfg.training.gradient_accumulation_steps
         self.clip = cfg.training.grad_clip_norm
         self.deepspeed = accelerator.state.deepspeed_plugin is not None
@@ -95,9 +94,6 @@ class Engine:
             self.base_optimizer = base
         else:
             self.base_optimizer = optimizer
-        if hasattr(self.base_optimizer, "attach") and self.deepspeed:
-            self.base_optimizer.attach(self.ds)
-        self._autocast = cfg.model.precision == "fp32_mixed"
 
     @property
     def device(self):
@@ -111,23 +107,17 @@ class Engine:
     def unwrapped_model(self):
         return self.model.module if hasattr(self.model, "module") else self.model
 
-    def _forward(self, inputs):
-        ctx = (torch.autocast(self.device.type, dtype=torch.bfloat16) if self._autocast
-               else contextlib.nullcontext())
-        with ctx:
-            return self.model(inputs)
-
     def micro_step(self, inputs, is_last):
         """Forward and backward of one micro batch; gradients sync only at the last micro-step."""
         if self.deepspeed:
             self.ds.set_gradient_accumulation_boundary(is_last)
-            out = self._forward(inputs)
+            out = self.model(inputs)
             self.ds.backward(out["loss"])  # DeepSpeed divides by gradient_accumulation_steps
             self.ds.step()  # a no-op except at the boundary: clip, update, zero grads
             return out
         sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(self.model)
         with sync:
-            out = self._forward(inputs)
+            out = self.model(inputs)
             self.accelerator.backward(out["loss"] / self.grad_accum)
         return out
 
@@ -153,7 +143,7 @@ class Engine:
     # --- state -----------------------------------------------------------------
     def save(self, directory):
         """Collective: every rank writes its part of the model and optimizer state, plus the
-        layout that lets a checkpoint move to another world size (utils/checkpoint_convert.py)."""
+        layout that lets a checkpoint move to another world size (checkpoint/zero.py)."""
         engine_dir = os.path.join(directory, "engine")
         if self.deepspeed:
             self.ds.save_checkpoint(directory, tag="engine", exclude_frozen_parameters=True)

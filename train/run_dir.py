@@ -5,7 +5,7 @@ import time
 
 import torch.distributed as dist
 
-from utils.checkpoint import complete_checkpoints, resolve_resume_path
+from checkpoint.checkpointer import complete_checkpoints, resolve_resume_path
 
 
 def default_run_name(cfg):

@@ -13,13 +13,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from checkpoint.checkpointer import Checkpointer  # noqa: E402
+from train.config import check_launch, config_stem, load_config, save_config  # noqa: E402
 from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
 from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
 from utils import dist  # noqa: E402
-from utils.checkpoint import Checkpointer  # noqa: E402
-from utils.config import ConfigError, config_stem, load_config, save_config  # noqa: E402
+from utils.config import ConfigError  # noqa: E402
 from utils.metrics import Metrics  # noqa: E402
 from utils.schedule import LRSchedule  # noqa: E402
 
@@ -35,22 +36,11 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint_dir", default=None, help="overrides system.checkpoint_dir")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may stand before, between and after flags
     flags = {"logging.run_name": args.run_name, "logging.report_to": args.report_to,
              "system.checkpoint_dir": args.checkpoint_dir}
     args.overrides += [f"{k}={v}" for k, v in flags.items() if v is not None]
     return args
-
-
-def check_batch_size(cfg, world_size):
-    t = cfg.training
-    per_step = t.batch_size * t.gradient_accumulation_steps * world_size
-    if t.global_batch_size is not None and t.global_batch_size != per_step:
-        raise ConfigError(
-            f"training.global_batch_size={t.global_batch_size} does not divide into batch_size "
-            f"{t.batch_size} x gradient_accumulation_steps {t.gradient_accumulation_steps} x {world_size} "
-            f"processes = {per_step}; change gradient_accumulation_steps to "
-            f"{t.global_batch_size / (t.batch_size * world_size):g} or the process count")
 
 
 def make_generated_inputs(cfg):
@@ -69,9 +59,8 @@ def build_everything(cfg, world_size):
     from data import build_datasets
     from models import build_world_model
     from optim import build_optimizer
-    from utils.finetune import load_finetune_weights
+    from checkpoint.finetune import load_finetune_weights
 
-    check_batch_size(cfg, world_size)
     datasets = build_datasets(cfg)
     seed_everything(cfg.training.seed, rank=0)  # the same initial weights on every rank, whatever ran before
     model, encoders = build_world_model(cfg)
@@ -86,9 +75,7 @@ def restore(checkpointer, path, engine, state, stream, schedule, reset_scheduler
     saved = checkpointer.load(path, engine.load)
     state.load_state_dict(saved)
     stream.load_state_dict(saved["data"])
-    schedule.load_state_dict(saved["schedule"])
-    if reset_scheduler:
-        schedule.reset()
+    schedule.load_state_dict(saved["schedule"], reset=reset_scheduler)
     log.info("resumed from %s at step %d", path, state.step)
 
 
@@ -106,10 +93,8 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        check_launch(cfg, dist.world_size(), deepspeed=bool(args.deepspeed))
         ds_config = load_deepspeed_config(args.deepspeed, cfg, dist.world_size()) if args.deepspeed else None
-        if cfg.model.precision == "bf16_mixed" and ds_config is None:
-            raise ConfigError("model.precision=bf16_mixed needs --deepspeed (its fp32 master weights); "
-                              "use fp32_mixed without DeepSpeed")
     except (ConfigError, FileNotFoundError, ValueError) as e:
         dist.die(e)
     logging.basicConfig(level=cfg.system.log_level, format="%(asctime)s %(name)s: %(message)s")

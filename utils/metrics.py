@@ -4,6 +4,9 @@ import os
 
 from tqdm import tqdm
 
+REPORT_TO = ("tensorboard", "wandb", "all", "none")
+WANDB_MODES = ("online", "offline", "disabled")
+
 
 def rewind_metrics(path, step):
     """On resume at `step`, keep records up to it; move later ones aside (never delete them)."""

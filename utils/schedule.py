@@ -6,6 +6,8 @@ param group keeps its own base lr in `initial_lr` (Muon and AdamW groups differ)
 """
 import math
 
+SCHEDULES = ("linear", "cosine", "constant")  # training.scheduler_type
+
 
 def linear_multiplier(s, warmup_steps, cycle_length, f_start, f_max, f_min):
     """Motus's linear warmup then linear decay to f_min at `cycle_length`."""
@@ -31,17 +33,14 @@ def cosine_multiplier(s, warmup_steps, max_steps, min_ratio):
 class LRSchedule:
     """Sets `group["lr"] = group["initial_lr"] * multiplier(step)` on every param group.
 
-    Its state is the number of updates already taken; `reset()` restarts it on
-    purpose (fine-tuning, `resume.reset_scheduler`).
+    Its state is the number of updates already taken; `load_state_dict(sd, reset=True)`
+    restarts it on purpose (`resume.reset_scheduler`).
     """
 
     def __init__(self, training_cfg):
         t = training_cfg
         self.kind = t.scheduler_type
-        if self.kind == "linear":
-            if t.warmup_steps >= t.cycle_length:
-                raise ValueError(f"training.warmup_steps ({t.warmup_steps}) must be smaller than "
-                                 f"training.cycle_length ({t.cycle_length}) for scheduler_type linear")
+        if self.kind == "linear":  # train/config.py checks warmup_steps < cycle_length
             self._fn = lambda s: linear_multiplier(s, t.warmup_steps, t.cycle_length, t.f_start, t.f_max, t.f_min)
         elif self.kind == "cosine":
             min_ratio = t.min_lr / t.learning_rate if t.learning_rate > 0 else 0.0
@@ -49,9 +48,6 @@ class LRSchedule:
         else:
             self._fn = lambda s: 1.0
         self.last_step = 0
-
-    def multiplier(self, s):
-        return self._fn(s)
 
     def apply(self, optimizer):
         """Set the lr of the next update (step last_step + 1) and advance."""
@@ -61,11 +57,14 @@ class LRSchedule:
             group["lr"] = group["initial_lr"] * m
         return [group["lr"] for group in optimizer.param_groups]
 
-    def reset(self):
-        self.last_step = 0
-
     def state_dict(self):
         return {"kind": self.kind, "last_step": self.last_step}
 
-    def load_state_dict(self, sd):
-        self.last_step = int(sd["last_step"])
+    def load_state_dict(self, sd, reset=False):
+        """Continue a saved schedule; one of another kind only restarts (`reset`), never silently
+        continues at a step that means something else."""
+        if sd.get("kind", self.kind) != self.kind and not reset:
+            raise ValueError(f"the checkpoint's lr schedule is scheduler_type {sd['kind']}, this run's is "
+                             f"{self.kind}; set resume.reset_scheduler=true to restart the schedule, or "
+                             f"training.scheduler_type={sd['kind']} to continue it")
+        self.last_step = 0 if reset else int(sd["last_step"])

@@ -18,9 +18,9 @@ import shutil
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from utils import dist
-from utils.config import save_config
 
 PREFIX = "checkpoint_step_"
 MARKER = "COMPLETE"
@@ -116,7 +116,7 @@ class Checkpointer:
         dist.barrier()  # every rank has written its shard
         if dist.is_main():
             _fsync_write(os.path.join(tmp, "trainer_state.json"), json.dumps(trainer_state, indent=1))
-            save_config(self.cfg, os.path.join(tmp, "config.yaml"))
+            _fsync_write(os.path.join(tmp, "config.yaml"), OmegaConf.to_yaml(self.cfg))
             if norm_stats is not None:
                 norm_stats.save(os.path.join(tmp, "norm_stats.json"))
             _fsync_write(os.path.join(tmp, MARKER), f"{step}\n")

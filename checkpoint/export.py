@@ -1,4 +1,4 @@
-"""Export a training checkpoint as a model folder: `python -m utils.export <checkpoint_dir> <out_dir>`.
+"""Export a training checkpoint as a model folder: `python -m checkpoint.export <checkpoint_dir> <out_dir>`.
 
 Writes what `WorldModel.from_pretrained(out_dir)` and `finetune.checkpoint_path: out_dir` read:
 - `config.json`: the model's architecture spec (as `WorldModel.save_pretrained` writes it,
@@ -20,7 +20,7 @@ import sys
 from omegaconf import OmegaConf
 
 from models.serialization import CONFIG_NAME, DEFAULT_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, ModelLoadError
-from utils.finetune import FinetuneError, read_weights
+from checkpoint.finetune import FinetuneError, read_weights
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ At load time `reshard_if_needed(engine, engine_dir)` returns False when the worl
 same (then `engine.load_checkpoint` does the job) and otherwise loads the checkpoint itself:
 this rank reads only the old slices that overlap its new partition (memory-mapped).
 
-`python -m utils.checkpoint_convert <checkpoint_step_N>` prints what a checkpoint holds and
+`python -m checkpoint.zero <checkpoint_step_N>` prints what a checkpoint holds and
 checks that every parameter can be rebuilt (no conversion command is needed: the slice a rank
 owns depends on the optimizer's order at the new world size, known only once it is built).
 """

@@ -4,7 +4,7 @@
 - a `checkpoint_step_N/` folder: the module weights in `engine/mp_rank_00_model_states.pt`
   (DeepSpeed; under ZeRO-1/2 these are the model's own weights: exact in fp32, the bf16
   copy under bf16_mixed) or `engine/model.pt` (DDP);
-- an exported folder (`python -m utils.export`): `config.json` + `model.safetensors`, or
+- an exported folder (`python -m checkpoint.export`): `config.json` + `model.safetensors`, or
   shards `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`.
 Missing and unexpected keys are logged. A key whose shape changed is skipped (left at its
 fresh init) only when a `finetune.allow_shape_mismatch` regex matches its whole name (for a
@@ -21,7 +21,7 @@ from typing import List, Tuple
 import torch
 
 from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_state_dict
-from utils.checkpoint import MARKER
+from checkpoint.checkpointer import MARKER
 
 log = logging.getLogger(__name__)
 

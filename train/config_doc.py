@@ -1,14 +1,14 @@
 """Render the config schema as Markdown tables, one per section, from the dataclasses'
 field docstrings, so TRAINING.md documents exactly the keys the code reads.
 
-    python -m utils.config_doc > /tmp/keys.md
+    python -m train.config_doc > /tmp/keys.md
 """
 import ast
 import dataclasses
 import inspect
 import textwrap
 
-from utils.config import Config
+from train.config import Config
 
 
 def _field_docs(cls):
