@@ -19,8 +19,6 @@ logger = logging.getLogger(__name__)
 def dataset_dirs(dcfg):
     dirs = dcfg.dataset_dir
     dirs = [dirs] if isinstance(dirs, str) else list(dirs)
-    if not dirs:
-        raise DataError("dataset.dataset_dir is empty; give a folder or a list of folders")
     return [str(d) for d in dirs]
 
 
@@ -46,7 +44,7 @@ def load_episodes(dcfg, on_bad, with_video=True):
         episodes, tasks = load_robotwin(dirs[0], dcfg.data_mode, dcfg.task_mode, dcfg.task_name,
                                         dcfg.max_episodes, on_bad)
         return episodes, [ROBOTWIN_CAMERA], [1.0] * len(tasks)  # tasks weighted equally, as in Motus
-    weights = _weights(dcfg, dirs)
+    weights = _weights(dcfg)
     episodes, image_keys = [], None
     for source, root in enumerate(dirs):
         if dcfg.type == "latent_action":
@@ -63,13 +61,9 @@ def load_episodes(dcfg, on_bad, with_video=True):
     return episodes, image_keys, weights
 
 
-def _weights(dcfg, dirs):
-    if dcfg.weights is None:
-        return None
-    if len(dcfg.weights) != len(dirs) or min(dcfg.weights) < 0 or sum(dcfg.weights) <= 0:
-        raise DataError(f"dataset.weights {list(dcfg.weights)} must be {len(dirs)} non-negative numbers "
-                        f"(one per dataset_dir entry) with a positive sum")
-    return list(dcfg.weights)
+def _weights(dcfg):
+    """One weight per folder (train/config.py checks their count and signs), or None: by size."""
+    return None if dcfg.weights is None else list(dcfg.weights)
 
 
 def check_dims(episodes, cfg):

@@ -1,6 +1,6 @@
 """Episodes as every reader hands them over, the sampling window, and the train/val split.
 
-A window (DESIGN.md section 7), with d = global_downsample_rate, r = video_action_freq_ratio
+A window (docs/architecture.md, "The sampling window"), with d = global_downsample_rate, r = video_action_freq_ratio
 and F = num_video_frames: condition frame c; actions at c + (i+1) d for i < F r; video frames
 c and c + (j+1) r d for j < F (each predicted frame lines up with the last action of its
 slice); state at c. The last index used is c + F r d, so c ranges over [0, length - 1 - F r d]

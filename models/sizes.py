@@ -72,7 +72,7 @@ def _qwen_vision(depth, hidden, intermediate, heads, out_hidden, deepstack):
                 num_position_embeddings=2304, deepstack_visual_indexes=deepstack)
 
 
-# Wan2.2-TI2V-5B + Wan2.2 VAE + umT5-XXL + Qwen3-VL-2B-Instruct, as published (see shared ARCH.md).
+# Wan2.2-TI2V-5B + Wan2.2 VAE + umT5-XXL + Qwen3-VL-2B-Instruct, as published (docs/architecture.md has every part's shapes and counts).
 MOTUS = ModelSize(
     wan=_wan(30, 24, 128, 48, 4096, 14336),
     vae=_vae(160, 256, 48),

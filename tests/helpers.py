@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from utils.dist import free_port
 
@@ -60,3 +61,26 @@ CLUSTER = os.path.join(ROOT, "scripts", "slurm", "local_cluster.sh")
 def sh(*cmd, env=None, timeout=120):
     """Run a command from the repository root and capture its output."""
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_while_progressing(procs, logs, stall_seconds=240):
+    """Wait for `procs`; kill them all when one fails (its peers would wait for it forever) or when
+    none of their `logs` has grown for `stall_seconds`: a hang guard, not a time limit, so a busy
+    machine slows the test down without failing it."""
+    def size():
+        return sum(os.path.getsize(p) for p in logs if os.path.exists(p))
+
+    last, last_change = size(), time.monotonic()
+    while any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        now = size()
+        if now != last:
+            last, last_change = now, time.monotonic()
+        elif time.monotonic() - last_change > stall_seconds:
+            break
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

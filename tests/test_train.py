@@ -39,12 +39,13 @@ def runs(tmp_path_factory):
 def test_resume_is_bit_identical(runs, name):
     tmp, out = runs
     assert [r["step"] for r in out[f"{name}_resumed"]] == [1, 2, 3, 4, 5, 6]
-    uninterrupted = losses(out[name])
+    # metrics.jsonl now holds the resumed run's steps 4-6; the uninterrupted run's were moved aside
+    resumed = losses(out[name])
     rewound = [os.path.basename(p) for p in os.listdir(run_dir(tmp, name)) if "rewound" in p]
     assert rewound, "the records after the resumed step must be kept aside, not lost"
     with open(os.path.join(run_dir(tmp, name), rewound[0])) as f:
-        first_pass = {json.loads(line)["step"]: json.loads(line)["loss"] for line in f}
-    assert first_pass == {s: uninterrupted[s] for s in (4, 5, 6)}, "resume must reproduce losses exactly"
+        uninterrupted = {json.loads(line)["step"]: json.loads(line)["loss"] for line in f}
+    assert uninterrupted == {s: resumed[s] for s in (4, 5, 6)}, "resume must reproduce losses exactly"
 
 
 def test_gradient_accumulation_matches_a_larger_batch(runs):

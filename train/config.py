@@ -250,7 +250,7 @@ def _check_values(cfg, source):
     if d.weights is not None:
         require(source, len(d.weights) == len(dirs) and min(d.weights) >= 0 and sum(d.weights) > 0,
                 "dataset.weights", list(d.weights),
-                f"{len(dirs)} non-negative numbers (one per dataset_dir entry) with a positive sum")
+                f"one non-negative number per dataset_dir entry ({len(dirs)} in all) with a positive sum")
     if d.type == "robotwin" and d.task_mode == "single" and not d.task_name:
         raise ConfigError(f"{source}: 'dataset.task_mode' is single but 'dataset.task_name' is not set")
     if cfg.resume.checkpoint_path is not None and cfg.finetune.checkpoint_path is not None:

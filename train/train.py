@@ -22,6 +22,7 @@ from train.steps import TrainerState, make_record, noise_seeds, seed_everything,
 from utils import dist  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
 from utils.metrics import Metrics  # noqa: E402
+from utils.quiet import silence_known_warnings  # noqa: E402
 from utils.schedule import LRSchedule  # noqa: E402
 
 log = logging.getLogger("train")
@@ -90,6 +91,7 @@ def print_summary(run_dir, cfg, step):
 
 def main(argv=None):
     preemption = PreemptionFlag()  # from the start: a signal during start-up still ends in a save
+    silence_known_warnings()
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
