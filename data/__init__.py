@@ -6,6 +6,7 @@
 
 Imports are lazy so that `data.config` (read by train/config.py) does not load PyAV and pyarrow.
 """
+from utils.lazy import lazy_exports
 
 _EXPORTS = {
     "build_datasets": "data.build",
@@ -16,11 +17,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'data' has no attribute '{name}'")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

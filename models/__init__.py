@@ -2,6 +2,7 @@
 
 Imports are lazy so that `models.config` (read by train/config.py) stays light.
 """
+from utils.lazy import lazy_exports
 
 _EXPORTS = {
     "build_world_model": "models.build",
@@ -12,11 +13,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'models' has no attribute '{name}'")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
