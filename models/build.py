@@ -1,7 +1,7 @@
 """`build_world_model(cfg)`: the trainable WorldModel and the FrozenEncoders, from the config.
 
-Paths in the config load local folders (models/loading.py); a null path builds the part
-with random init from the size table, and says so in the log.
+Paths in the config load local folders or Wan2.2's own files (models/loading.py); a null path
+builds the part with random init from the size table, and says so in the log.
 """
 import logging
 
@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from models import tiny_assets
 from models.encoders import FrozenEncoders
-from models.loading import load_part, load_tokenizer_or_processor
+from models.loading import (load_part, load_text_encoder, load_tokenizer_or_processor, load_wan_transformer,
+                            load_wan_vae)
 from models.serialization import ModelLoadError
 from models.sizes import get_size
 from models.world_model import WorldModel
@@ -59,19 +60,16 @@ def _random(what, key, warn=True):
 
 
 def build_video_expert(cfg, size):
-    from diffusers import WanTransformer3DModel
-
     path = cfg.model.wan.checkpoint_path
     if path is None:
         _random("the Wan video transformer", "model.wan.checkpoint_path", warn=cfg.model.size != "tiny")
         return None, dict(size.wan)
-    video = load_part(WanTransformer3DModel, path, "model.wan.checkpoint_path", "transformer")
+    video = load_wan_transformer(path, size, "model.wan.checkpoint_path")
     return video, dict(video.config)
 
 
 def build_encoders(cfg, size):
-    from diffusers import AutoencoderKLWan
-    from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration, UMT5EncoderModel
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
 
     # frozen parts are loaded straight in their compute dtype: umT5-XXL alone is 23 GB in fp32
     wan, dtype = cfg.model.wan, torch.float32 if cfg.model.precision == "fp32" else torch.bfloat16
@@ -79,7 +77,7 @@ def build_encoders(cfg, size):
         _random("the VAE", "model.wan.vae_path")
         vae = tiny_assets.build_vae(size)
     else:
-        vae = load_part(AutoencoderKLWan, wan.vae_path, "model.wan.vae_path", "vae", torch_dtype=dtype)
+        vae = load_wan_vae(wan.vae_path, size, "model.wan.vae_path", dtype)
     tokenizer = None
     if wan.text_encoder_path is None or cfg.model.vlm.checkpoint_path is None:
         tokenizer = tiny_assets.build_tokenizer()
@@ -87,10 +85,8 @@ def build_encoders(cfg, size):
         _random("the umT5 text encoder (and a locally trained tokenizer)", "model.wan.text_encoder_path")
         text_encoder, text_tokenizer = tiny_assets.build_text_encoder(size), tokenizer
     else:
-        text_encoder = load_part(UMT5EncoderModel, wan.text_encoder_path, "model.wan.text_encoder_path",
-                                 "text_encoder", dtype=dtype)
-        text_tokenizer = load_tokenizer_or_processor(AutoTokenizer.from_pretrained, wan.text_encoder_path,
-                                                     "model.wan.text_encoder_path", ["tokenizer"])
+        text_encoder, text_tokenizer = load_text_encoder(wan.text_encoder_path, size, "model.wan.text_encoder_path",
+                                                         dtype)
     path = cfg.model.vlm.checkpoint_path
     if path is None:
         _random("the Qwen3-VL model (and a local tokenizer/image processor)", "model.vlm.checkpoint_path")
