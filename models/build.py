@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 from models import tiny_assets
 from models.encoders import FrozenEncoders
 from models.loading import (load_part, load_text_encoder, load_tokenizer_or_processor, load_wan_transformer,
-                            load_wan_vae)
+                            load_wan_vae, read_part_config, text_encoder_config, wan_transformer_config,
+                            wan_vae_config)
 from models.serialization import ModelLoadError
 from models.sizes import get_size
 from models.world_model import WorldModel
@@ -102,10 +103,24 @@ def build_encoders(cfg, size):
                           image_processor, dtype).to("cpu")
 
 
-def _check_fit(cfg, wan_config, encoders):
-    """The loaded parts must agree on widths: say which key or folder disagrees."""
-    z_dim, text_dim = encoders.vae.config.z_dim, encoders.text_encoder.config.d_model
-    vlm_dim = encoders.vlm.config.text_config.hidden_size
+def part_configs(cfg, size):
+    """(Wan's kwargs, the VAE's kwargs, the text encoder's width, the VLM's width) that the config's
+    paths hold, from their config files alone (the size table's for a null path): no weight is read."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    wan, vlm_path = cfg.model.wan, cfg.model.vlm.checkpoint_path
+    wan_config = (dict(size.wan) if wan.checkpoint_path is None
+                  else wan_transformer_config(wan.checkpoint_path, size, "model.wan.checkpoint_path"))
+    vae_config = dict(size.vae) if wan.vae_path is None else wan_vae_config(wan.vae_path, size, "model.wan.vae_path")
+    text_dim = (size.text_encoder["d_model"] if wan.text_encoder_path is None else
+                text_encoder_config(wan.text_encoder_path, size, "model.wan.text_encoder_path")["d_model"])
+    vlm_dim = (size.vlm_text["hidden_size"] if vlm_path is None else read_part_config(
+        Qwen3VLForConditionalGeneration, vlm_path, "model.vlm.checkpoint_path", "vlm")["text_config"]["hidden_size"])
+    return wan_config, vae_config, text_dim, vlm_dim
+
+
+def _check_fit(cfg, wan_config, z_dim, text_dim, vlm_dim):
+    """The parts must agree on widths: say which key or folder disagrees."""
     checks = [("in_channels", wan_config["in_channels"], "the VAE's z_dim", z_dim),
               ("text_dim", wan_config["text_dim"], "the text encoder's d_model", text_dim)]
     for name, have, what, want in checks:
@@ -121,10 +136,12 @@ def build_world_model(cfg):
     """-> (WorldModel on CPU, every parameter trainable; FrozenEncoders on CPU)."""
     size = get_size(cfg.model.size)
     tiny_assets.ensure_tiny_assets(cfg)
+    # geometry and widths are checked on the config files, before gigabytes of weights are read
+    wan_config, vae_config, text_dim, vlm_dim = part_configs(cfg, size)
+    check_geometry(cfg, vae_config, wan_config)
+    _check_fit(cfg, wan_config, vae_config["z_dim"], text_dim, vlm_dim)
     video, wan_config = build_video_expert(cfg, size)
     encoders = build_encoders(cfg, size)
-    check_geometry(cfg, encoders.vae.config, wan_config)
-    _check_fit(cfg, wan_config, encoders)
     spec = model_spec(cfg, size, wan_config, encoders.vae.config, cfg.model.und_expert.vlm.input_dim)
     model = WorldModel(spec, video=video).apply_precision()
     n_train = sum(p.numel() for p in model.parameters())

@@ -8,6 +8,7 @@ config.json (transformer) or by being a .pth file (VAE, umT5). A path that does 
 always an error naming the path and what was missing; a missing weight is never left at random init.
 """
 import glob
+import inspect
 import logging
 import os
 
@@ -35,6 +36,20 @@ def resolve_folder(path, key, subfolder):
     if not any(glob.glob(os.path.join(path, p)) for p in WEIGHT_PATTERNS):
         raise ModelLoadError(f"{key}: '{path}' has a config.json but no weights (*.safetensors or *.bin)")
     return path
+
+
+def read_part_config(cls, path, key, subfolder):
+    """The config of a diffusers/transformers folder as a dict (a diffusers class's defaults under
+    what the folder states), without reading a weight: checks run on it before anything loads."""
+    folder = resolve_folder(path, key, subfolder)
+    try:
+        if hasattr(cls, "load_config"):  # diffusers
+            defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                        if p.default is not inspect.Parameter.empty}
+            return {**defaults, **cls.load_config(folder, local_files_only=True)}
+        return cls.config_class.from_pretrained(folder, local_files_only=True).to_dict()
+    except Exception as e:  # name the folder; the library's message says what broke
+        raise ModelLoadError(f"{key}: could not read the config of {cls.__name__} in '{folder}': {e}") from e
 
 
 def load_part(cls, path, key, subfolder, **kwargs):
@@ -66,6 +81,32 @@ def load_tokenizer_or_processor(loader, path, key, subfolders):
             errors.append(f"{folder}: {e}")
     raise ModelLoadError(f"{key}: no loadable {loader.__self__.__name__} in '{path}' "
                          f"(looked in {', '.join(candidates)}): {'; '.join(errors) or 'no such folder'}")
+
+
+def wan_transformer_config(path, size, key):
+    """WanTransformer3DModel's kwargs for what `path` holds (see load_wan_transformer), weights unread."""
+    from diffusers import WanTransformer3DModel
+
+    native = native_wan.native_transformer_config(path) if os.path.isdir(path) else None
+    if native is not None:
+        return native_wan.diffusers_transformer_config(native, size.wan, key, path)
+    return read_part_config(WanTransformer3DModel, path, key, "transformer")
+
+
+def wan_vae_config(path, size, key):
+    """AutoencoderKLWan's kwargs for what `path` holds; Wan's .pth has none: the size table's."""
+    from diffusers import AutoencoderKLWan
+
+    return dict(size.vae) if native_wan.is_native_file(path) else read_part_config(AutoencoderKLWan, path, key, "vae")
+
+
+def text_encoder_config(path, size, key):
+    """UMT5Config as a dict for what `path` holds; Wan's .pth has none: the size table's."""
+    from transformers import UMT5EncoderModel
+
+    if native_wan.is_native_file(path):
+        return dict(size.text_encoder)
+    return read_part_config(UMT5EncoderModel, path, key, "text_encoder")
 
 
 def load_wan_transformer(path, size, key):

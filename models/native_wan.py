@@ -89,14 +89,17 @@ def _owned(tensor, dtype):
     return tensor.to(dtype) if tensor.dtype != dtype else tensor.clone()
 
 
-def _read_safetensors(files, dtype):
+def _read_safetensors(files, key, dtype):
     from safetensors import safe_open
 
     state = {}
     for path in files:
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():  # tensor by tensor: a full fp32 copy of the bf16 file never exists
-                state[name] = _owned(f.get_tensor(name), dtype)
+        try:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():  # tensor by tensor: a full fp32 copy of the bf16 file never exists
+                    state[name] = _owned(f.get_tensor(name), dtype)
+        except Exception as e:  # name the file; safetensors' message says what is wrong with it
+            raise ModelLoadError(f"{key}: could not read '{path}' as safetensors: {e}") from e
     return state
 
 
@@ -162,12 +165,13 @@ def load_strict(build, state, key, path, described_by):
 
 
 # ---- the three parts ---------------------------------------------------------------------------
-def diffusers_transformer_config(native, size_wan):
+def diffusers_transformer_config(native, size_wan, key, folder):
     """WanTransformer3DModel kwargs: what Wan's config.json states, the rest (patch size, text width,
     q/k norm, rope table length: fixed in Wan's code, not saved) from the size table."""
     heads = native["num_heads"]
     if native["dim"] % heads:
-        raise ModelLoadError(f"Wan's config.json has dim {native['dim']} not divisible by num_heads {heads}")
+        raise ModelLoadError(f"{key}: '{folder}/config.json' has dim {native['dim']}, not a multiple of "
+                             f"num_heads {heads}")
     config = dict(size_wan)
     config.update(num_attention_heads=heads, attention_head_dim=native["dim"] // heads,
                   in_channels=native["in_dim"], out_channels=native.get("out_dim", native["in_dim"]),
@@ -180,8 +184,9 @@ def load_native_transformer(folder, native, size, key):
     from diffusers import WanTransformer3DModel
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
-    config = diffusers_transformer_config(native, size.wan)
-    state = convert_wan_transformer_to_diffusers(_read_safetensors(_transformer_shards(folder, key), torch.float32))
+    config = diffusers_transformer_config(native, size.wan, key, folder)
+    state = _read_safetensors(_transformer_shards(folder, key), key, torch.float32)
+    state = convert_wan_transformer_to_diffusers(state)
     model = load_strict(lambda: WanTransformer3DModel(**config), state, key, folder,
                         "that Wan's config.json describes (with the size table's patch size and text width)")
     log.info("%s: loaded Wan's native transformer (%s) from %s", key, native.get("model_type", "?"), folder)

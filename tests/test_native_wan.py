@@ -233,3 +233,21 @@ def test_files_that_disagree_with_the_config_are_errors_naming_the_tensor(source
     torch.save([1, 2], tmp_path / "t5.pth")
     with pytest.raises(ModelLoadError, match=r"t5.pth. does not hold a plain state dict of tensors"):
         load_text_encoder(str(tmp_path / "t5.pth"), TINY, "model.wan.text_encoder_path", torch.float32)
+
+
+def test_geometry_and_widths_are_checked_before_any_weight_is_read(native, tmp_path):
+    """Wrong frame counts or mismatched parts fail on the config files, not after loading 5B weights:
+    a transformer whose weight file is not even readable still gets the geometry error."""
+    root, yaml = native
+    unreadable = tmp_path / "wan"
+    unreadable.mkdir()
+    os.link(root / "config.json", unreadable / "config.json")
+    (unreadable / "diffusion_pytorch_model.safetensors").write_bytes(b"not a safetensors file")
+    paths = [f"model.wan.checkpoint_path={unreadable}"] + overrides(root)[1:]
+    with pytest.raises(ValueError, match="common.num_video_frames is 3; the VAE needs a multiple of 4"):
+        build_world_model(load_config(yaml, paths + ["common.num_video_frames=3"]))
+    with pytest.raises(ModelLoadError, match="model.und_expert.vlm.input_dim is 16 but the VLM's hidden size is 32"):
+        build_world_model(load_config(yaml, paths + ["model.und_expert.vlm.input_dim=16"]))
+    with pytest.raises(ModelLoadError, match=r"model.wan.checkpoint_path: could not read '.*wan/diffusion_pytorch_"
+                                             r"model.safetensors' as safetensors"):
+        build_world_model(load_config(yaml, paths))  # with the checks passing, the file is read and fails
