@@ -97,14 +97,16 @@ def wan_vae_config(path, size, key):
     """AutoencoderKLWan's kwargs for what `path` holds; Wan's .pth has none: the size table's."""
     from diffusers import AutoencoderKLWan
 
-    return dict(size.vae) if native_wan.is_native_file(path) else read_part_config(AutoencoderKLWan, path, key, "vae")
+    if native_wan.is_native_file(path, key, native_wan.VAE_FILE):
+        return dict(size.vae)
+    return read_part_config(AutoencoderKLWan, path, key, "vae")
 
 
 def text_encoder_config(path, size, key):
     """UMT5Config as a dict for what `path` holds; Wan's .pth has none: the size table's."""
     from transformers import UMT5EncoderModel
 
-    if native_wan.is_native_file(path):
+    if native_wan.is_native_file(path, key, native_wan.UMT5_FILE):
         return dict(size.text_encoder)
     return read_part_config(UMT5EncoderModel, path, key, "text_encoder")
 
@@ -123,7 +125,7 @@ def load_wan_vae(path, size, key, dtype):
     """AutoencoderKLWan from a diffusers folder or from Wan's `Wan2.2_VAE.pth`."""
     from diffusers import AutoencoderKLWan
 
-    if native_wan.is_native_file(path):
+    if native_wan.is_native_file(path, key, native_wan.VAE_FILE):
         return native_wan.load_native_vae(path, size, key, dtype)
     return load_part(AutoencoderKLWan, path, key, "vae", torch_dtype=dtype)
 
@@ -133,7 +135,7 @@ def load_text_encoder(path, size, key, dtype):
     or from Wan's `models_t5_umt5-xxl-enc-bf16.pth` (tokenizer in google/umt5-xxl/ beside it)."""
     from transformers import AutoTokenizer, UMT5EncoderModel
 
-    if native_wan.is_native_file(path):
+    if native_wan.is_native_file(path, key, native_wan.UMT5_FILE):
         model = native_wan.load_native_umt5(path, size, key, dtype)
         tokenizer_folder, subfolders = native_wan.native_tokenizer_folder(path, key), []
     else:

@@ -30,6 +30,7 @@ NATIVE_CONFIG_KEYS = ("dim", "num_heads", "num_layers", "in_dim")
 TRANSFORMER_WEIGHTS = "diffusion_pytorch_model"
 TOKENIZER_SUBFOLDER = os.path.join("google", "umt5-xxl")  # where Wan2.2-TI2V-5B keeps it
 NATIVE_FILE_SUFFIXES = (".pth", ".pt")
+VAE_FILE, UMT5_FILE = "Wan2.2_VAE.pth", "models_t5_umt5-xxl-enc-bf16.pth"  # their names in Wan2.2-TI2V-5B
 
 # Wan's T5Encoder (wan/modules/t5.py) -> transformers UMT5EncoderModel, full-name regexes
 UMT5_KEYS = (
@@ -52,7 +53,12 @@ VAE22_BLOCK = re.compile(r"(encoder|decoder)\.(downsamples|upsamples)\.(\d+)\.(?
 
 
 # ---- detection ---------------------------------------------------------------------------------
-def is_native_file(path):
+def is_native_file(path, key, file_name):
+    """True for Wan's own .pth/.pt file. Wan's folder where the file in it is meant is an error that
+    names the file (read as a diffusers folder, it would fail on widths that say nothing of the mix-up)."""
+    if os.path.isdir(path) and native_transformer_config(path) is not None:
+        raise ModelLoadError(f"{key}: '{path}' is Wan's own folder; set {key} to the file in it: "
+                             f"{os.path.join(path, file_name)}")
     return os.path.isfile(path) and path.endswith(NATIVE_FILE_SUFFIXES)
 
 
@@ -96,7 +102,7 @@ def _read_safetensors(files, key, dtype):
     for path in files:
         try:
             with safe_open(path, framework="pt") as f:
-                for name in f.keys():  # tensor by tensor: a full fp32 copy of the bf16 file never exists
+                for name in f.keys():  # tensor by tensor: the bf16 file and its fp32 copy are never both whole
                     state[name] = _owned(f.get_tensor(name), dtype)
         except Exception as e:  # name the file; safetensors' message says what is wrong with it
             raise ModelLoadError(f"{key}: could not read '{path}' as safetensors: {e}") from e

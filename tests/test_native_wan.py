@@ -1,10 +1,10 @@
 """Wan2.2's own files through the config: a native transformer folder, `Wan2.2_VAE.pth` and the umT5
-`.pth` + `google/umt5-xxl` tokenizer, written here at tiny dims in Wan's key names (renamed from
-tiny diffusers/transformers models by the tables below, which follow Wan's module layout), load
-into modules that compute exactly what the source modules compute; bad files fail naming the key."""
+`.pth` + `google/umt5-xxl` tokenizer, written by Wan's own modules at tiny dims (the committed
+fixture), load into modules that compute what Wan's compute; bad files fail naming the key."""
+import dataclasses
 import json
 import os
-import re
+import shutil
 
 import pytest
 import torch
@@ -22,111 +22,42 @@ common: {action_dim: 4, state_dim: 4, num_video_frames: 4, video_height: 64, vid
 model: {size: tiny, und_expert: {vlm: {input_dim: 32}}}
 """
 
-# diffusers / transformers name -> Wan's name (wan/modules/model.py, vae2_2.py, t5.py), applied in order
-TRANSFORMER_TO_WAN = (
-    (r"condition_embedder\.time_embedder\.linear_1", "time_embedding.0"),
-    (r"condition_embedder\.time_embedder\.linear_2", "time_embedding.2"),
-    (r"condition_embedder\.text_embedder\.linear_1", "text_embedding.0"),
-    (r"condition_embedder\.text_embedder\.linear_2", "text_embedding.2"),
-    (r"condition_embedder\.time_proj", "time_projection.1"),
-    (r"\.attn1\.", ".self_attn."), (r"\.attn2\.", ".cross_attn."),
-    (r"\.to_q\.", ".q."), (r"\.to_k\.", ".k."), (r"\.to_v\.", ".v."), (r"\.to_out\.0\.", ".o."),
-    (r"\.ffn\.net\.0\.proj\.", ".ffn.0."), (r"\.ffn\.net\.2\.", ".ffn.2."),
-    (r"^(blocks\.\d+)\.norm2\.", r"\1.norm3."),  # the cross-attention norm is Wan's norm3
-    (r"^(blocks\.\d+)\.scale_shift_table$", r"\1.modulation"),
-    (r"^scale_shift_table$", "head.modulation"), (r"^proj_out\.", "head.head."),
-)
-RESIDUAL_TO_WAN = ((r"\.norm1\.", ".residual.0."), (r"\.conv1\.", ".residual.2."), (r"\.norm2\.", ".residual.3."),
-                   (r"\.conv2\.", ".residual.6."), (r"\.conv_shortcut\.", ".shortcut."))
-VAE_TO_WAN = (
-    (r"^(encoder|decoder)\.conv_in\.", r"\1.conv1."),
-    (r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.", r"encoder.downsamples.\1.downsamples.\2.|"),
-    (r"^encoder\.down_blocks\.(\d+)\.downsampler\.", r"encoder.downsamples.\1.downsamples.2."),  # after 2 resnets
-    (r"^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.", r"decoder.upsamples.\1.upsamples.\2.|"),
-    (r"^decoder\.up_blocks\.(\d+)\.upsampler\.", r"decoder.upsamples.\1.upsamples.3."),  # after 3 resnets
-    (r"\.mid_block\.resnets\.0\.", ".middle.0.|"), (r"\.mid_block\.attentions\.0\.", ".middle.1."),
-    (r"\.mid_block\.resnets\.1\.", ".middle.2.|"),
-    (r"\.norm_out\.", ".head.0."), (r"\.conv_out\.", ".head.2."),
-    (r"^quant_conv\.", "conv1."), (r"^post_quant_conv\.", "conv2."),
-)
-UMT5_TO_WAN = (
-    (r"^shared\.weight$", "token_embedding.weight"),
-    (r"^encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.relative_attention_bias\.",
-     r"blocks.\1.pos_embedding.embedding."),
-    (r"^encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.", r"blocks.\1.attn."),
-    (r"^encoder\.block\.(\d+)\.layer\.0\.layer_norm\.", r"blocks.\1.norm1."),
-    (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wi_0\.", r"blocks.\1.ffn.gate.0."),
-    (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wi_1\.", r"blocks.\1.ffn.fc1."),
-    (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wo\.", r"blocks.\1.ffn.fc2."),
-    (r"^encoder\.block\.(\d+)\.layer\.1\.layer_norm\.", r"blocks.\1.norm2."),
-    (r"^encoder\.final_layer_norm\.", "norm."),
-)
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+TOLERANCE = 1e-5  # of the largest output; measured: 7.4e-7 transformer (Wan's sinusoid is fp64), 0 VAE, 2.2e-7 umT5
 
 
-def to_wan(name, table):
-    for pattern, repl in table:
-        name = re.sub(pattern, repl, name)
-    head, _, residual = name.partition("|")  # "|" marks the start of a residual block's own names
-    for pattern, repl in RESIDUAL_TO_WAN:
-        residual = re.sub(pattern, repl, "." + residual)[1:]
-    return head + residual
-
-
-def native_state(module, table, skip=()):
-    return {to_wan(k, table): v.detach().clone() for k, v in module.state_dict().items() if k not in skip}
-
-
-def perturbed(module, seed):
-    """Every tensor distinct from its init (zeros, ones), so a tensor loaded into the wrong slot shows."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-    return module.eval()
-
-
-def write_native_transformer(folder, wan):
-    from safetensors.torch import save_file
-
-    folder.mkdir()
-    c = wan.config
-    # Wan's WanModel saves this (model_type ti2v); patch size, text width, q/k norm are not saved
-    (folder / "config.json").write_text(json.dumps({
-        "_class_name": "WanModel", "_diffusers_version": "0.33.0", "model_type": "ti2v", "text_len": TINY.text_len,
-        "dim": c.num_attention_heads * c.attention_head_dim, "num_heads": c.num_attention_heads,
-        "num_layers": c.num_layers, "ffn_dim": c.ffn_dim, "freq_dim": c.freq_dim, "in_dim": c.in_channels,
-        "out_dim": c.out_channels, "eps": c.eps}))
-    state = native_state(wan, TRANSFORMER_TO_WAN)
-    names = sorted(state)  # two shards + index, as Wan2.2-TI2V-5B ships them
-    shards = {"diffusion_pytorch_model-00001-of-00002.safetensors": names[::2],
-              "diffusion_pytorch_model-00002-of-00002.safetensors": names[1::2]}
-    for fname, keys in shards.items():
-        save_file({k: state[k].contiguous() for k in keys}, str(folder / fname))
-    weight_map = {k: fname for fname, keys in shards.items() for k in keys}
-    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    return folder
+def relative(have, want):
+    return float((have - want).abs().max() / want.abs().max())
 
 
 @pytest.fixture(scope="module")
-def sources():
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+def io():
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(FIXTURES, "native_wan_tiny_io.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    """The fixture laid out as the Wan2.2-TI2V-5B download: the transformer in two shards + index,
+    Wan2.2_VAE.pth, the umT5 .pth and the tokenizer folder google/umt5-xxl/ (the tiny tokenizer)."""
+    from safetensors.torch import load_file, save_file
 
     from models.tiny_assets import build_tokenizer
 
-    torch.manual_seed(0)
-    return {"wan": perturbed(WanTransformer3DModel(**TINY.wan), 1), "vae": perturbed(AutoencoderKLWan(**TINY.vae), 2),
-            "umt5": perturbed(UMT5EncoderModel(UMT5Config(**TINY.text_encoder)), 3), "tokenizer": build_tokenizer()}
-
-
-@pytest.fixture(scope="module")
-def native(sources, tmp_path_factory):
-    """A tiny Wan2.2-TI2V-5B folder: transformer shards + config.json, Wan2.2_VAE.pth, umT5 .pth, tokenizer."""
-    root = write_native_transformer(tmp_path_factory.mktemp("native") / "Wan2.2-TI2V-5B", sources["wan"])
-    torch.save(native_state(sources["vae"], VAE_TO_WAN), root / "Wan2.2_VAE.pth")
-    torch.save(native_state(sources["umt5"], UMT5_TO_WAN, skip={"encoder.embed_tokens.weight"}),
-               root / "models_t5_umt5-xxl-enc-bf16.pth")
-    sources["tokenizer"].save_pretrained(root / "google" / "umt5-xxl")
+    source = os.path.join(FIXTURES, "native_wan_tiny")
+    root = tmp_path_factory.mktemp("native") / "Wan2.2-TI2V-5B"
+    root.mkdir()
+    for name in ("config.json", "Wan2.2_VAE.pth", "models_t5_umt5-xxl-enc-bf16.pth"):
+        shutil.copy(os.path.join(source, name), root / name)
+    state = load_file(os.path.join(source, "diffusion_pytorch_model.safetensors"))
+    names = sorted(state)
+    shards = {f"diffusion_pytorch_model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
+    for fname, keys in shards.items():
+        save_file({k: state[k] for k in keys}, str(root / fname))
+    weight_map = {k: fname for fname, keys in shards.items() for k in keys}
+    (root / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    build_tokenizer().save_pretrained(root / "google" / "umt5-xxl")
     yaml = root.parent / "native.yaml"
     yaml.write_text(YAML)
     return root, str(yaml)
@@ -137,40 +68,37 @@ def overrides(root):
             f"model.wan.text_encoder_path={root}/models_t5_umt5-xxl-enc-bf16.pth"]
 
 
-def test_native_files_load_through_the_config_and_compute_what_the_sources_compute(sources, native):
+def test_files_written_by_wan_load_through_the_config_and_compute_what_wan_computes(native, io):
+    """The fixture's files and outputs come from Wan's own modules (tests/fixtures/make_native_wan_fixture.py)."""
+    from models.tiny_assets import build_tokenizer
+
     root, yaml = native
     model, encoders = build_world_model(load_config(yaml, overrides(root)))
-    wan, vae, umt5 = sources["wan"], sources["vae"], sources["umt5"]
-    for source, loaded in ((wan, model.video), (vae, encoders.vae), (umt5, encoders.text_encoder)):
-        want, have = source.state_dict(), loaded.state_dict()
-        assert sorted(want) == sorted(have)
-        assert all(torch.equal(want[k], have[k]) for k in want), type(source).__name__
     assert model.video.config.text_dim == TINY.wan["text_dim"] and list(model.video.config.patch_size) == [1, 2, 2]
     assert list(encoders.vae.config.latents_std) == TINY.vae["latents_std"]  # the .pth has none: size table's
-
-    gen = torch.Generator().manual_seed(0)
-    latents, text = torch.randn(1, 8, 2, 8, 8, generator=gen), torch.randn(1, TINY.text_len, 32, generator=gen)
-    video = torch.rand(1, 3, 5, 64, 64, generator=gen) * 2 - 1
-    ids = sources["tokenizer"](["push the red cube left"], padding="max_length", max_length=TINY.text_len,
-                               return_tensors="pt")
+    mask = io["t5_mask"]
     with torch.no_grad():
-        forward = [m(hidden_states=latents, timestep=torch.tensor([500.0]), encoder_hidden_states=text).sample
-                   for m in (wan, model.video)]
-        encoded = [m.encode(video).latent_dist.mean for m in (vae, encoders.vae)]
-        decoded = [m.decode(encoded[0]).sample for m in (vae, encoders.vae)]
-        embeds = [m(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"]).last_hidden_state
-                  for m in (umt5, encoders.text_encoder)]
-    for name, (want, have) in {"transformer": forward, "vae encode": encoded, "vae decode": decoded,
-                               "umt5": embeds}.items():
-        assert torch.equal(want, have), (name, float((want - have).abs().max()))
+        wan = model.video(hidden_states=io["wan_latents"], timestep=io["wan_timestep"],
+                          encoder_hidden_states=io["wan_context"]).sample
+        mu = encoders.vae.encode(io["vae_video"]).latent_dist.mean
+        recon = encoders.vae.decode(io["vae_mu"]).sample.clamp(-1, 1)
+        t5 = encoders.text_encoder(input_ids=io["t5_ids"], attention_mask=mask).last_hidden_state
+    for name, have, want in (("transformer", wan, io["wan_out"]), ("vae encode", mu, io["vae_mu"]),
+                             ("vae decode", recon, io["vae_recon"]),
+                             ("umt5", t5 * mask[..., None], io["t5_out"] * mask[..., None])):
+        assert have.shape == want.shape and relative(have, want) < TOLERANCE, (name, relative(have, want))
     # the tokenizer came from google/umt5-xxl/ beside the .pth
-    assert encoders.tokenizer("open the drawer")["input_ids"] == sources["tokenizer"]("open the drawer")["input_ids"]
+    assert encoders.tokenizer("open the drawer")["input_ids"] == build_tokenizer()("open the drawer")["input_ids"]
 
 
-def test_a_diffusers_folder_still_loads_as_before(sources, tmp_path):
-    sources["wan"].save_pretrained(tmp_path / "transformer")
+def test_a_diffusers_folder_still_loads_as_before(tmp_path):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    wan = WanTransformer3DModel(**TINY.wan)
+    wan.save_pretrained(tmp_path / "transformer")
     loaded = load_wan_transformer(str(tmp_path / "transformer"), TINY, "model.wan.checkpoint_path")
-    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in sources["wan"].state_dict().items())
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in wan.state_dict().items())
 
 
 def test_missing_files_are_errors_naming_key_and_path(native, tmp_path):
@@ -178,6 +106,10 @@ def test_missing_files_are_errors_naming_key_and_path(native, tmp_path):
     nowhere = tmp_path / "Wan2.2_VAE.pth"
     with pytest.raises(ModelLoadError, match=f"model.wan.vae_path: '{nowhere}' does not exist"):
         build_world_model(load_config(yaml, [f"model.wan.vae_path={nowhere}"]))
+    # Wan's folder where the file in it is meant
+    with pytest.raises(ModelLoadError, match=f"model.wan.vae_path: '{root}' is Wan's own folder; set "
+                                             f"model.wan.vae_path to the file in it: {root}/Wan2.2_VAE.pth"):
+        build_world_model(load_config(yaml, overrides(root) + [f"model.wan.vae_path={root}"]))
     # a shard the index lists is gone
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -198,7 +130,7 @@ def test_missing_files_are_errors_naming_key_and_path(native, tmp_path):
         load_text_encoder(str(alone / "t5.pth"), TINY, "model.wan.text_encoder_path", torch.float32)
 
 
-def test_files_that_disagree_with_the_config_are_errors_naming_the_tensor(sources, native, tmp_path):
+def test_files_that_disagree_with_the_config_are_errors_naming_the_tensor(native, tmp_path):
     root, _ = native
     # Wan's config.json says 128 wide where the weights are 64 wide; then one layer more than they have
     folder = tmp_path / "wan"
@@ -214,15 +146,12 @@ def test_files_that_disagree_with_the_config_are_errors_naming_the_tensor(source
     (folder / "config.json").write_text(json.dumps(dict(config, num_layers=3)))
     with pytest.raises(ModelLoadError, match=r"missing \['blocks.2."):
         load_wan_transformer(str(folder), TINY, "model.wan.checkpoint_path")
-    # a VAE of another latent width than the size table's (z_dim 8 for tiny)
-    from diffusers import AutoencoderKLWan
-
-    other = AutoencoderKLWan(**dict(TINY.vae, z_dim=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4))
-    torch.save(native_state(other, VAE_TO_WAN), tmp_path / "vae.pth")
-    with pytest.raises(ModelLoadError, match=r"model.wan.vae_path: .*vae.pth' does not fit the AutoencoderKLWan of "
-                                             r"model.size's entry .*shape mismatch \['decoder.conv_in.weight: file "
-                                             r"\(16, 4, 3, 3, 3\) vs model \(16, 8, 3, 3, 3\)'"):
-        load_wan_vae(str(tmp_path / "vae.pth"), TINY, "model.wan.vae_path", torch.float32)
+    # a size table whose VAE has another latent width than the file's (z_dim 8)
+    narrow = dataclasses.replace(TINY, vae=dict(TINY.vae, z_dim=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4))
+    with pytest.raises(ModelLoadError, match=r"model.wan.vae_path: .*Wan2.2_VAE.pth' does not fit the AutoencoderKLWan "
+                                             r"of model.size's entry .*shape mismatch \['decoder.conv_in.weight: file "
+                                             r"\(16, 8, 3, 3, 3\) vs model \(16, 4, 3, 3, 3\)'"):
+        load_wan_vae(str(root / "Wan2.2_VAE.pth"), narrow, "model.wan.vae_path", torch.float32)
     # a umT5 .pth lacking a tensor, and a .pth that is not a state dict
     state = torch.load(root / "models_t5_umt5-xxl-enc-bf16.pth")
     del state["norm.weight"]
