@@ -87,7 +87,7 @@ def wan_transformer_config(path, size, key):
     """WanTransformer3DModel's kwargs for what `path` holds (see load_wan_transformer), weights unread."""
     from diffusers import WanTransformer3DModel
 
-    native = native_wan.native_transformer_config(path) if os.path.isdir(path) else None
+    native = native_wan.native_transformer_config(path)
     if native is not None:
         return native_wan.diffusers_transformer_config(native, size.wan, key, path)
     return read_part_config(WanTransformer3DModel, path, key, "transformer")
@@ -115,7 +115,7 @@ def load_wan_transformer(path, size, key):
     """WanTransformer3DModel from a diffusers folder or from Wan's own (config.json with `dim`, ...)."""
     from diffusers import WanTransformer3DModel
 
-    native = native_wan.native_transformer_config(path) if os.path.isdir(path) else None
+    native = native_wan.native_transformer_config(path)
     if native is not None:
         return native_wan.load_native_transformer(path, native, size, key)
     return load_part(WanTransformer3DModel, path, key, "transformer")

@@ -63,7 +63,7 @@ def is_native_file(path, key, file_name):
 
 
 def native_transformer_config(folder):
-    """Wan's own config.json in `folder` as a dict, or None when the folder is not in Wan's format
+    """Wan's own config.json in `folder` as a dict, or None when `folder` is no folder in Wan's format
     (a diffusers folder names `num_attention_heads`; Wan's `WanModel` names `dim`, `num_heads`, ...)."""
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
