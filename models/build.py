@@ -1,7 +1,7 @@
 """`build_world_model(cfg)`: the trainable WorldModel and the FrozenEncoders, from the config.
 
-Paths in the config load local folders (models/loading.py); a null path builds the part
-with random init from the size table, and says so in the log.
+Paths in the config load local folders or Wan2.2's own files (models/loading.py); a null path
+builds the part with random init from the size table, and says so in the log.
 """
 import logging
 
@@ -10,7 +10,9 @@ from omegaconf import OmegaConf
 
 from models import tiny_assets
 from models.encoders import FrozenEncoders
-from models.loading import load_part, load_tokenizer_or_processor
+from models.loading import (load_part, load_text_encoder, load_tokenizer_or_processor, load_wan_transformer,
+                            load_wan_vae, read_part_config, text_encoder_config, wan_transformer_config,
+                            wan_vae_config)
 from models.serialization import ModelLoadError
 from models.sizes import get_size
 from models.world_model import WorldModel
@@ -59,19 +61,16 @@ def _random(what, key, warn=True):
 
 
 def build_video_expert(cfg, size):
-    from diffusers import WanTransformer3DModel
-
     path = cfg.model.wan.checkpoint_path
     if path is None:
         _random("the Wan video transformer", "model.wan.checkpoint_path", warn=cfg.model.size != "tiny")
         return None, dict(size.wan)
-    video = load_part(WanTransformer3DModel, path, "model.wan.checkpoint_path", "transformer")
+    video = load_wan_transformer(path, size, "model.wan.checkpoint_path")
     return video, dict(video.config)
 
 
 def build_encoders(cfg, size):
-    from diffusers import AutoencoderKLWan
-    from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration, UMT5EncoderModel
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
 
     # frozen parts are loaded straight in their compute dtype: umT5-XXL alone is 23 GB in fp32
     wan, dtype = cfg.model.wan, torch.float32 if cfg.model.precision == "fp32" else torch.bfloat16
@@ -79,7 +78,7 @@ def build_encoders(cfg, size):
         _random("the VAE", "model.wan.vae_path")
         vae = tiny_assets.build_vae(size)
     else:
-        vae = load_part(AutoencoderKLWan, wan.vae_path, "model.wan.vae_path", "vae", torch_dtype=dtype)
+        vae = load_wan_vae(wan.vae_path, size, "model.wan.vae_path", dtype)
     tokenizer = None
     if wan.text_encoder_path is None or cfg.model.vlm.checkpoint_path is None:
         tokenizer = tiny_assets.build_tokenizer()
@@ -87,10 +86,8 @@ def build_encoders(cfg, size):
         _random("the umT5 text encoder (and a locally trained tokenizer)", "model.wan.text_encoder_path")
         text_encoder, text_tokenizer = tiny_assets.build_text_encoder(size), tokenizer
     else:
-        text_encoder = load_part(UMT5EncoderModel, wan.text_encoder_path, "model.wan.text_encoder_path",
-                                 "text_encoder", dtype=dtype)
-        text_tokenizer = load_tokenizer_or_processor(AutoTokenizer.from_pretrained, wan.text_encoder_path,
-                                                     "model.wan.text_encoder_path", ["tokenizer"])
+        text_encoder, text_tokenizer = load_text_encoder(wan.text_encoder_path, size, "model.wan.text_encoder_path",
+                                                         dtype)
     path = cfg.model.vlm.checkpoint_path
     if path is None:
         _random("the Qwen3-VL model (and a local tokenizer/image processor)", "model.vlm.checkpoint_path")
@@ -106,10 +103,24 @@ def build_encoders(cfg, size):
                           image_processor, dtype).to("cpu")
 
 
-def _check_fit(cfg, wan_config, encoders):
-    """The loaded parts must agree on widths: say which key or folder disagrees."""
-    z_dim, text_dim = encoders.vae.config.z_dim, encoders.text_encoder.config.d_model
-    vlm_dim = encoders.vlm.config.text_config.hidden_size
+def part_configs(cfg, size):
+    """(Wan's kwargs, the VAE's kwargs, the text encoder's width, the VLM's width) that the config's
+    paths hold, from their config files alone (the size table's for a null path): no weight is read."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    wan, vlm_path = cfg.model.wan, cfg.model.vlm.checkpoint_path
+    wan_config = (dict(size.wan) if wan.checkpoint_path is None
+                  else wan_transformer_config(wan.checkpoint_path, size, "model.wan.checkpoint_path"))
+    vae_config = dict(size.vae) if wan.vae_path is None else wan_vae_config(wan.vae_path, size, "model.wan.vae_path")
+    text_dim = (size.text_encoder["d_model"] if wan.text_encoder_path is None else
+                text_encoder_config(wan.text_encoder_path, size, "model.wan.text_encoder_path")["d_model"])
+    vlm_dim = (size.vlm_text["hidden_size"] if vlm_path is None else read_part_config(
+        Qwen3VLForConditionalGeneration, vlm_path, "model.vlm.checkpoint_path", "vlm")["text_config"]["hidden_size"])
+    return wan_config, vae_config, text_dim, vlm_dim
+
+
+def _check_fit(cfg, wan_config, z_dim, text_dim, vlm_dim):
+    """The parts must agree on widths: say which key or folder disagrees."""
     checks = [("in_channels", wan_config["in_channels"], "the VAE's z_dim", z_dim),
               ("text_dim", wan_config["text_dim"], "the text encoder's d_model", text_dim)]
     for name, have, what, want in checks:
@@ -125,10 +136,12 @@ def build_world_model(cfg):
     """-> (WorldModel on CPU, every parameter trainable; FrozenEncoders on CPU)."""
     size = get_size(cfg.model.size)
     tiny_assets.ensure_tiny_assets(cfg)
+    # geometry and widths are checked on the config files, before gigabytes of weights are read
+    wan_config, vae_config, text_dim, vlm_dim = part_configs(cfg, size)
+    check_geometry(cfg, vae_config, wan_config)
+    _check_fit(cfg, wan_config, vae_config["z_dim"], text_dim, vlm_dim)
     video, wan_config = build_video_expert(cfg, size)
     encoders = build_encoders(cfg, size)
-    check_geometry(cfg, encoders.vae.config, wan_config)
-    _check_fit(cfg, wan_config, encoders)
     spec = model_spec(cfg, size, wan_config, encoders.vae.config, cfg.model.und_expert.vlm.input_dim)
     model = WorldModel(spec, video=video).apply_precision()
     n_train = sum(p.numel() for p in model.parameters())

@@ -16,11 +16,13 @@ PRECISIONS = ("fp32", "bf16_mixed", "fp32_mixed")
 class WanConfig:
     """The video expert (diffusers `WanTransformer3DModel`), its VAE and text encoder."""
     checkpoint_path: Optional[str] = None
-    """Local diffusers folder of the Wan2.2 transformer. null: random init from the size table."""
+    """Wan2.2 transformer: a local diffusers folder, or Wan's own folder (its config.json +
+    diffusion_pytorch_model*.safetensors, e.g. Wan2.2-TI2V-5B). null: random init from the size table."""
     vae_path: Optional[str] = None
-    """Local diffusers folder of `AutoencoderKLWan`. null: random init (tiny sizes only)."""
+    """A local diffusers folder of `AutoencoderKLWan` or Wan's `Wan2.2_VAE.pth`. null: random init (tiny sizes only)."""
     text_encoder_path: Optional[str] = None
-    """Local folder holding `UMT5EncoderModel` weights and its tokenizer (umT5-XXL at full size)."""
+    """umT5: a local folder with `UMT5EncoderModel` weights + tokenizer, or Wan's
+    `models_t5_umt5-xxl-enc-bf16.pth` (its tokenizer in google/umt5-xxl/ beside it)."""
 
 
 @dataclass

@@ -42,14 +42,30 @@ def _wan(num_layers, heads, head_dim, in_channels, text_dim, ffn_dim):
                 qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 
 
-def _vae(base_dim, decoder_base_dim, z_dim, dim_mult=(1, 2, 4, 4), temporal=(False, True, True)):
+def _vae(base_dim, decoder_base_dim, z_dim, dim_mult=(1, 2, 4, 4), temporal=(False, True, True),
+         latents_mean=None, latents_std=None):
     # Wan2.2's structure (residual blocks, 2x2 patchify, then one 2x spatial downsampling per stage
-    # after the first; two of them also halve time). latents_mean/std are placeholders for the
-    # published ones (real folders carry them; tiny_assets measures them).
+    # after the first; two of them also halve time). Without latents_mean/std: placeholders
+    # (diffusers folders carry their own; tiny_assets measures them).
     return dict(base_dim=base_dim, decoder_base_dim=decoder_base_dim, z_dim=z_dim, dim_mult=list(dim_mult),
                 num_res_blocks=2, temperal_downsample=list(temporal), is_residual=True,
                 in_channels=12, out_channels=12, patch_size=2, scale_factor_temporal=4,
-                scale_factor_spatial=2 ** len(dim_mult), latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
+                scale_factor_spatial=2 ** len(dim_mult), latents_mean=list(latents_mean or [0.0] * z_dim),
+                latents_std=list(latents_std or [1.0] * z_dim))
+
+
+# The Wan2.2 VAE's published latent statistics: Wan's code (Wan2_2_VAE) hard-codes them, its
+# Wan2.2_VAE.pth does not carry them, so a native VAE file takes them from here.
+WAN22_LATENTS_MEAN = (
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813, 0.0891,
+    0.157, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+    -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.123, -0.0313, -0.1649, 0.0117, 0.0723,
+    -0.2839, -0.2083, -0.052, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667)
+WAN22_LATENTS_STD = (
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.499, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
+    0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+    0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.06, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744)
 
 
 def _umt5(vocab_size, d_model, d_ff, num_layers, num_heads, d_kv):
@@ -75,7 +91,7 @@ def _qwen_vision(depth, hidden, intermediate, heads, out_hidden, deepstack):
 # Wan2.2-TI2V-5B + Wan2.2 VAE + umT5-XXL + Qwen3-VL-2B-Instruct, as published (docs/architecture.md has every part's shapes and counts).
 MOTUS = ModelSize(
     wan=_wan(30, 24, 128, 48, 4096, 14336),
-    vae=_vae(160, 256, 48),
+    vae=_vae(160, 256, 48, latents_mean=WAN22_LATENTS_MEAN, latents_std=WAN22_LATENTS_STD),
     text_encoder=_umt5(256384, 4096, 10240, 24, 64, 64),
     text_len=512,
     vlm_text=_qwen_text(151936, 2048, 28, 16, 8, 128, 6144, 5_000_000),
