@@ -7,7 +7,9 @@ Writes what `WorldModel.from_pretrained(out_dir)` and `finetune.checkpoint_path:
 - `model.safetensors`, or shards `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`
   above `--max-shard-size`;
 - `norm_stats.json`: the normalisation statistics the model was trained with.
-The weights are the module's as saved (fp32, or the bf16 copy of a bf16_mixed run).
+The weights are the module's as saved (fp32, or the bf16 copy of a bf16_mixed run), or with
+`--weights ema` the EMA of the trainable weights (a run with `training.ema.enabled`), in the same
+dtype; config.json's "weights" says which set the folder holds.
 """
 import argparse
 import glob
@@ -20,7 +22,7 @@ import sys
 from omegaconf import OmegaConf
 
 from models.serialization import CONFIG_NAME, DEFAULT_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, ModelLoadError
-from checkpoint.finetune import FinetuneError, read_weights
+from checkpoint.finetune import WEIGHT_SETS, FinetuneError, read_weights
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +90,9 @@ def _check_out_dir(out_dir, overwrite):
     os.makedirs(out_dir, exist_ok=True)
 
 
-def export_checkpoint(checkpoint_dir, out_dir, max_shard_bytes=DEFAULT_SHARD_BYTES, overwrite=False):
-    """Write the export of `checkpoint_dir` (a checkpoint_step_N folder) into `out_dir`; returns out_dir."""
+def export_checkpoint(checkpoint_dir, out_dir, max_shard_bytes=DEFAULT_SHARD_BYTES, overwrite=False, weights="raw"):
+    """Write the export of `checkpoint_dir` (a checkpoint_step_N folder) into `out_dir`, its `weights`
+    set ("raw" or "ema"); returns out_dir."""
     from accelerate import init_empty_weights
 
     from models.world_model import WorldModel
@@ -98,19 +101,19 @@ def export_checkpoint(checkpoint_dir, out_dir, max_shard_bytes=DEFAULT_SHARD_BYT
     if not os.path.isfile(config_path):
         raise ExportError(f"'{checkpoint_dir}' has no {CONFIG_YAML}: expected a checkpoint_step_N folder "
                           "written by train/train.py")
-    weights = read_weights(checkpoint_dir, key="checkpoint_dir")
-    spec = model_spec_from_config(OmegaConf.load(config_path))
+    state = read_weights(checkpoint_dir, key="checkpoint_dir", weights=weights)
+    spec = {**model_spec_from_config(OmegaConf.load(config_path)), "weights": weights}
     with init_empty_weights():  # the architecture only: every tensor comes from the checkpoint
         model = WorldModel(spec)
     expected = model.state_dict()
-    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    wrong = [f"{k}: checkpoint {tuple(weights[k].shape)}, config {tuple(expected[k].shape)}"
-             for k in expected if k in weights and weights[k].shape != expected[k].shape]
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    wrong = [f"{k}: checkpoint {tuple(state[k].shape)}, config {tuple(expected[k].shape)}"
+             for k in expected if k in state and state[k].shape != expected[k].shape]
     if missing or unexpected or wrong:
         raise ExportError(f"'{checkpoint_dir}': the weights do not fit the model its {CONFIG_YAML} describes "
                           f"(missing {missing[:5]}, unexpected {unexpected[:5]}, shape {wrong[:5]})")
     # clone: DeepSpeed's module tensors are views of one flat buffer, which safetensors refuses
-    model.load_state_dict({k: v.clone() for k, v in weights.items()}, assign=True)
+    model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
     _check_out_dir(out_dir, overwrite)
     model.save_pretrained(out_dir, max_shard_bytes=max_shard_bytes)
     stats = os.path.join(checkpoint_dir, NORM_STATS)
@@ -128,14 +131,17 @@ def main(argv=None):
     parser.add_argument("--max-shard-size", default=f"{DEFAULT_SHARD_BYTES // 2 ** 30}GiB",
                         help="largest safetensors file before sharding, e.g. 5GB, 500MB, 2GiB (default 5GiB)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in out_dir")
+    parser.add_argument("--weights", choices=WEIGHT_SETS, default="raw",
+                        help="raw: the trained weights (default); ema: their moving average (training.ema)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         out = export_checkpoint(args.checkpoint_dir, args.out_dir, parse_size(args.max_shard_size),
-                                args.overwrite)
+                                args.overwrite, args.weights)
     except (ExportError, FinetuneError, ModelLoadError) as e:
         sys.exit(f"export failed: {e}")
-    print(f"exported {args.checkpoint_dir} -> {out} ({', '.join(sorted(os.listdir(out)))})")
+    print(f"exported the {args.weights} weights of {args.checkpoint_dir} -> {out} "
+          f"({', '.join(sorted(os.listdir(out)))})")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
   copy under bf16_mixed) or `engine/model.pt` (DDP);
 - an exported folder (`python -m checkpoint.export`): `config.json` + `model.safetensors`, or
   shards `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`.
+A checkpoint trained with `training.ema.enabled` also holds the EMA of the trainable weights
+(`engine/ema_rank_R.pt` slices under ZeRO-1/2, `engine/ema.pt` otherwise): `read_weights(path,
+weights="ema")` returns that set, and `inference_weights` picks it by default for evaluation.
 Missing and unexpected keys are logged. A key whose shape changed is skipped (left at its
 fresh init) only when a `finetune.allow_shape_mismatch` regex matches its whole name (for a
 new action_dim: `action_expert\\.(action_encoder\\.0|proj_out)\\..*`); otherwise it is an
@@ -20,13 +23,15 @@ from typing import List, Tuple
 
 import torch
 
-from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_state_dict
+from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_config, read_state_dict
 from checkpoint.checkpointer import MARKER
+from checkpoint.zero import EMA_FILE, EMA_SHARD_FILE, CheckpointConvertError, ShardReader
 
 log = logging.getLogger(__name__)
 
 DEEPSPEED_WEIGHTS = os.path.join("engine", "mp_rank_00_model_states.pt")
 DDP_WEIGHTS = os.path.join("engine", "model.pt")
+WEIGHT_SETS = ("raw", "ema")
 EXPECTED = (f"a checkpoint_step_N folder (with {DEEPSPEED_WEIGHTS} or {DDP_WEIGHTS}) or an exported "
             f"folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or shards + {INDEX_NAME})")
 
@@ -65,9 +70,72 @@ def _load_torch(path, key):
         raise FinetuneError(f"{key}: could not load '{path}': {e}") from e
 
 
-def read_weights(path, key="finetune.checkpoint_path"):
+def has_ema(path):
+    """Whether `path` is a checkpoint folder that holds EMA weights."""
+    engine = os.path.join(path, "engine")
+    return any(os.path.isfile(os.path.join(engine, f)) for f in (EMA_FILE, EMA_SHARD_FILE.format(rank=0)))
+
+
+def _read_ema(path, key):
+    """(EMA updates, {name: fp32 tensor}) of the trainable weights of checkpoint `path`."""
+    engine = os.path.join(path, "engine")
+    if not has_ema(path):
+        raise FinetuneError(f"{key} '{path}' holds no EMA weights (neither engine/{EMA_FILE} nor "
+                            f"engine/{EMA_SHARD_FILE.format(rank=0)}: trained without training.ema.enabled); "
+                            "use the raw weights (--weights raw)")
+    if os.path.isfile(os.path.join(engine, EMA_FILE)):
+        saved = _load_torch(os.path.join(engine, EMA_FILE), key)
+        return int(saved["updates"]), saved["weights"]
+    try:
+        reader = ShardReader(engine)
+        return int(reader.ema_updates()), {name: reader.full(name, "ema") for name in reader.where}
+    except CheckpointConvertError as e:
+        raise FinetuneError(f"{key}: {e}") from e
+
+
+def read_weights(path, key="finetune.checkpoint_path", weights="raw"):
     """The model weights at `path` as {name: tensor} (see the module docstring for the layouts);
-    `key` names the setting or argument the path came from, for the error messages."""
+    `key` names the setting or argument the path came from, for the error messages.
+
+    weights="ema": a checkpoint's EMA set: its trainable tensors replaced by their EMA (in the
+    module weights' dtype), the rest (buffers) as saved; an error where the checkpoint has none."""
+    if weights not in WEIGHT_SETS:
+        raise FinetuneError(f"{key}: weights '{weights}'; expected one of {', '.join(WEIGHT_SETS)}")
+    raw = _read_raw(path, key)
+    if weights == "raw":
+        return raw
+    updates, ema = _read_ema(path, key)
+    if updates == 0:
+        raise FinetuneError(f"{key} '{path}': the EMA has had no update yet (training.ema.start_step comes "
+                            "after this checkpoint's step); use the raw weights (--weights raw)")
+    unknown = sorted(set(ema) - set(raw))
+    if unknown:
+        raise FinetuneError(f"{key} '{path}': EMA tensors {unknown[:5]} are not in the module weights")
+    return {**raw, **{name: value.to(raw[name].dtype) for name, value in ema.items()}}
+
+
+def inference_weights(path, weights=None, key="checkpoint"):
+    """For evaluation and serving: (state dict, the set it is: "ema" or "raw", a sentence saying so).
+
+    weights=None picks the EMA set when the checkpoint at `path` has one, else the raw weights.
+    An exported folder holds one set, the one its config.json names ("weights")."""
+    if os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        exported = read_config(path).get("weights", "raw")
+        if weights not in (None, exported):
+            raise FinetuneError(f"{key} '{path}' is an export of the {exported} weights; the {weights} set "
+                                "is in the checkpoint_step_N folder it was exported from")
+        return read_weights(path, key), exported, f"using the {exported} weights exported in {path}"
+    chosen = weights or ("ema" if has_ema(path) else "raw")
+    state = read_weights(path, key, chosen)
+    if chosen == "ema":
+        note = "its EMA weights (--weights raw for the raw ones)"
+    else:
+        note = "its raw weights" + (" (it also holds EMA weights: --weights ema)" if has_ema(path)
+                                    else " (it holds no EMA weights)")
+    return state, chosen, f"using {note} from {path}"
+
+
+def _read_raw(path, key):
     if not os.path.exists(path):
         raise FinetuneError(f"{key} '{path}' does not exist; expected {EXPECTED}")
     if not os.path.isdir(path):

@@ -29,6 +29,11 @@ import torch
 LAYOUT_FILE = "zero_layout.json"
 LAYOUT_FORMAT = 1
 MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
+# The EMA of the weights (train/ema.py): under ZeRO-1/2 rank r's slice, laid out like its fp32
+# master partition ({"updates": n, "partitions": [one flat tensor per group]}); under DDP and
+# stage 0 one whole file ({"updates": n, "weights": {name: tensor}}).
+EMA_SHARD_FILE = "ema_rank_{rank}.pt"
+EMA_FILE = "ema.pt"
 
 
 class CheckpointConvertError(RuntimeError):
@@ -45,13 +50,28 @@ def _names_of(module):
 
 def _unsupported(engine):
     """Why this engine's checkpoints cannot move to another world size, or None."""
-    stage = engine.zero_optimization_stage() if engine.zero_optimization() else 0
+    stage = zero_stage(engine)
     if stage == 3 or (stage == 0 and (engine.bfloat16_enabled() or engine.fp16_enabled())):
         precision = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
         return (f"resume at another world size supports ZeRO stage 1 and 2 (any precision) and stage 0 "
                 f"in fp32; this checkpoint was written with stage {stage} in {precision}. Resume it at "
                 "the world size it was written with, or train with ZeRO-1/2")
     return None
+
+
+def zero_stage(engine):
+    return engine.zero_optimization_stage() if engine.zero_optimization() else 0
+
+
+def fp32_partitions(engine):
+    """This rank's fp32 master weights under ZeRO-1/2: one flat tensor per param group (the
+    slice of the group's padded flat buffer that this rank owns and updates)."""
+    return list(engine.optimizer.single_partition_of_fp32_groups)
+
+
+def refresh_module_weights(engine):
+    """Copy the fp32 partitions into the module's weights (all-gathered across ranks, as after a step)."""
+    engine.optimizer.update_lp_params()
 
 
 def _zero_layout(engine):
@@ -88,7 +108,7 @@ def save_layout(engine, engine_dir):
     """Write `engine_dir/zero_layout.json` (rank 0 writes; call it on every rank after the save)."""
     if engine.global_rank != 0:
         return
-    stage = engine.zero_optimization_stage() if engine.zero_optimization() else 0
+    stage = zero_stage(engine)
     if _unsupported(engine):  # still record the world size: the same-size resume needs it
         _write_layout(engine_dir, engine.dp_world_size, stage, None, unsupported=_unsupported(engine))
     else:
@@ -136,6 +156,20 @@ class ShardReader:
                 numel = int(torch.Size(p["shape"]).numel())
                 self.where[p["name"]] = (g, p["offset"], numel, torch.Size(p["shape"]))
         self._shards = {}
+        self._ema = {}
+
+    def ema_updates(self):
+        """EMA updates taken by the saved EMA (rank 0's file)."""
+        return self._ema_shard(0)["updates"]
+
+    def _ema_shard(self, rank):
+        if rank not in self._ema:
+            path = os.path.join(self.engine_dir, EMA_SHARD_FILE.format(rank=rank))
+            if not os.path.isfile(path):
+                raise CheckpointConvertError(f"{path} does not exist: the checkpoint was written without "
+                                             "training.ema.enabled, or not by all of its ranks")
+            self._ema[rank] = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return self._ema[rank]
 
     def shard(self, rank):
         if rank not in self._shards:
@@ -180,7 +214,8 @@ class ShardReader:
         return {k: v for k, v in state["param_groups"][group].items() if k != "params"}
 
     def read(self, name, key, start, stop):
-        """Elements [start, stop) of the flattened `name` (key 'fp32' for the master weight)."""
+        """Elements [start, stop) of the flattened `name` (key 'fp32' for the master weight, 'ema'
+        for its moving average, else an optimizer state key)."""
         group, offset, _, _ = self.where[name]
         size = self.layout["groups"][group]["partition_size"]
         pieces = []
@@ -188,8 +223,11 @@ class ShardReader:
         while lo < hi:
             rank, local = divmod(lo, size)
             count = min(hi - lo, size - local)
-            fp32, per_group, _ = self.shard(rank)
-            source = fp32[group] if key == "fp32" else per_group[group][key]
+            if key == "ema":
+                source = self._ema_shard(rank)["partitions"][group]
+            else:
+                fp32, per_group, _ = self.shard(rank)
+                source = fp32[group] if key == "fp32" else per_group[group][key]
             pieces.append(source[local:local + count])
             lo += count
         return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
@@ -211,13 +249,43 @@ def _check_names(engine_dir, saved, current):
             "to start a new run from these weights)")
 
 
-@torch.no_grad()
-def _install_zero(engine, engine_dir):
-    import deepspeed.comm as dist
+def _checked_reader(engine, engine_dir):
     reader = ShardReader(engine_dir)
     zero, names = engine.optimizer, _param_names(engine)
     current = {names[id(p)]: p.shape for params in zero.round_robin_bit16_groups for p in params}
     _check_names(engine_dir, {n: w[3] for n, w in reader.where.items()}, current)
+    return reader, zero, names
+
+
+def _partition_from(reader, zero, names, group, keys):
+    """{key: this rank's new flat partition of `group`}, each element read by parameter name."""
+    import deepspeed.comm as dist
+    params = zero.round_robin_bit16_groups[group]
+    size = zero.partition_size[group]
+    begin = size * dist.get_rank(group=zero.real_dp_process_group[group])
+    new = {key: torch.zeros(size, dtype=reader.read(names[id(params[0])], key, 0, 1).dtype) for key in keys}
+    for p, offset in zip(params, zero.round_robin_bit16_offsets[group]):
+        lo, hi = max(begin, offset), min(begin + size, offset + p.numel())
+        if lo >= hi:
+            continue  # this tensor has no piece in this rank's partition
+        for key, target in new.items():
+            target[lo - begin:hi - begin] = reader.read(names[id(p)], key, lo - offset, hi - offset)
+    return new
+
+
+@torch.no_grad()
+def ema_partitions_from(engine, engine_dir):
+    """(updates, this rank's EMA partitions) from a checkpoint written at any world size, by
+    parameter name like the fp32 masters. Collective only in that every rank reads its own slice."""
+    reader, zero, names = _checked_reader(engine, engine_dir)
+    parts = [_partition_from(reader, zero, names, i, ["ema"])["ema"]
+             for i in range(len(zero.round_robin_bit16_groups))]
+    return reader.ema_updates(), parts
+
+
+@torch.no_grad()
+def _install_zero(engine, engine_dir):
+    reader, zero, names = _checked_reader(engine, engine_dir)
     base = zero.optimizer
     for i, params in enumerate(zero.round_robin_bit16_groups):
         old_groups = sorted({reader.where[names[id(p)]][0] for p in params})
@@ -226,17 +294,8 @@ def _install_zero(engine, engine_dir):
                 f"{engine_dir}: param group {i} holds tensors of saved groups {old_groups}; "
                 "the param-group split changed since the save, resume with the same optimizer routing")
         elementwise, scalars = reader.state_keys(old_groups[0])
-        size = zero.partition_size[i]
-        begin = size * dist.get_rank(group=zero.real_dp_process_group[i])
         fp32 = zero.single_partition_of_fp32_groups[i]
-        new = {key: torch.zeros(size, dtype=reader.read(names[id(params[0])], key, 0, 1).dtype)
-               for key in ["fp32"] + elementwise}
-        for p, offset in zip(params, zero.round_robin_bit16_offsets[i]):
-            lo, hi = max(begin, offset), min(begin + size, offset + p.numel())
-            if lo >= hi:
-                continue  # this tensor has no piece in this rank's partition
-            for key, target in new.items():
-                target[lo - begin:hi - begin] = reader.read(names[id(p)], key, lo - offset, hi - offset)
+        new = _partition_from(reader, zero, names, i, ["fp32"] + elementwise)
         fp32.copy_(new.pop("fp32"))
         state = base.state[base.param_groups[i]["params"][0]]
         for key, value in new.items():
@@ -305,7 +364,7 @@ def reshard_if_needed(engine, engine_dir):
         return False
     if layout["unsupported"] or _unsupported(engine):
         raise CheckpointConvertError(f"{engine_dir}: {layout['unsupported'] or _unsupported(engine)}")
-    stage = engine.zero_optimization_stage() if engine.zero_optimization() else 0
+    stage = zero_stage(engine)
     if layout["zero_stage"] != stage:
         raise CheckpointConvertError(
             f"{engine_dir}: written with ZeRO stage {layout['zero_stage']}, this run uses stage {stage}; "

@@ -1,5 +1,6 @@
 """`python -m models.summary <config.yaml> [--gpus N] [key=value ...]`: parameter counts and the
-per-GPU memory of weights, gradients and optimizer state under ZeRO stages 0, 1 and 2.
+per-GPU memory of weights, gradients and optimizer state (with the EMA of the weights when
+`training.ema.enabled`) under ZeRO stages 0, 1 and 2.
 
 Everything is built on the `meta` device from the size table: no weights are read or
 allocated, so the full-size model is summarised in seconds. Activations are not counted.
@@ -19,6 +20,7 @@ GIB = 1024 ** 3
 # weights and gradients plus an fp32 master copy and Adam's two moments (the ZeRO paper's 2+2+12);
 # fp32 and fp32_mixed keep fp32 weights and gradients and the two moments.
 BYTES = {"bf16_mixed": (2, 2, 12), "fp32_mixed": (4, 4, 8), "fp32": (4, 4, 8)}
+EMA_BYTES = 4  # the fp32 EMA (train/ema.py), partitioned like the fp32 masters from ZeRO-1 on
 
 
 def count_components(cfg):
@@ -40,8 +42,9 @@ def count_components(cfg):
             "vae": count_parameters(vae), "text_encoder": count_parameters(text_encoder)}
 
 
-def memory_estimate(trainable, frozen, precision, gpus):
-    """GiB per GPU for ZeRO stages 0, 1, 2 (stage 1 shards optimizer state, stage 2 also gradients)."""
+def memory_estimate(trainable, frozen, precision, gpus, ema=False):
+    """GiB per GPU for ZeRO stages 0, 1, 2 (stage 1 shards optimizer state and the EMA, stage 2 also
+    gradients)."""
     w, g, o = BYTES[precision]
     frozen_bytes = 4 if precision == "fp32" else 2
     out = {}
@@ -49,6 +52,8 @@ def memory_estimate(trainable, frozen, precision, gpus):
         parts = {"weights": trainable * w, "gradients": trainable * g / (gpus if stage >= 2 else 1),
                  "optimizer_state": trainable * o / (gpus if stage >= 1 else 1),
                  "frozen_weights": frozen * frozen_bytes}
+        if ema:
+            parts["ema"] = trainable * EMA_BYTES / (gpus if stage >= 1 else 1)
         parts = {k: round(v / GIB, 2) for k, v in parts.items()}
         parts["total"] = round(sum(parts.values()), 2)
         out[f"zero{stage}"] = parts
@@ -64,7 +69,8 @@ def summarize(cfg, gpus):
         "parameters": counts,
         "trainable": trainable,
         "total_video_vlm_experts": trainable + counts["vlm"],
-        "memory_gib_per_gpu": memory_estimate(trainable, frozen, cfg.model.precision, gpus),
+        "memory_gib_per_gpu": memory_estimate(trainable, frozen, cfg.model.precision, gpus,
+                                              cfg.training.ema.enabled),
         "assumes": "AdamW state (Muon matrices keep one buffer instead of two, so less); "
                    "frozen parts replicated on every GPU; activations not included",
     }

@@ -39,6 +39,22 @@ class CommonConfig:
 
 
 @dataclass
+class EmaConfig:
+    enabled: bool = False
+    """Keep an exponential moving average of the trainable weights (fp32) for validation, export and
+    sampling. Under ZeRO-1/2 each rank keeps only its own slice (4 bytes per trainable parameter / W)."""
+    decay: float = 0.9999
+    """Decay d per EMA update: ema = d * ema + (1 - d) * weights, warmed up as min(decay, (1 + n) / (10 + n))
+    with n the EMA updates so far; the first update (n = 0) copies the weights. Averages over about
+    update_every / (1 - decay) optimizer steps."""
+    update_every: int = 1
+    """Optimizer steps between EMA updates."""
+    start_step: int = 0
+    """The EMA is updated after optimizer steps s >= start_step with (s - start_step) % update_every == 0;
+    the first of them copies the weights."""
+
+
+@dataclass
 class TrainingConfig:
     batch_size: int = 2
     """Micro batch per process."""
@@ -77,6 +93,7 @@ class TrainingConfig:
     """Global gradient norm clip (DeepSpeed `gradient_clipping`); 0 disables."""
     seed: int = 42
     """Seeds initialisation, data order and the per-sample noise."""
+    ema: EmaConfig = field(default_factory=EmaConfig)
 
 
 @dataclass
@@ -194,6 +211,7 @@ POSITIVE_INTS = (
     "system.log_interval", "system.save_interval", "system.val_interval", "system.val_batches",
     "system.dist_timeout_minutes", "model.inference.num_inference_timesteps",
     "model.action_expert.ffn_dim_multiplier", "model.und_expert.ffn_dim_multiplier",
+    "training.ema.update_every",
 )
 
 DERIVED = {"common.action_chunk_size": "num_video_frames * video_action_freq_ratio"}
@@ -228,6 +246,8 @@ def _check_values(cfg, source):
         (0 <= m.momentum < 1, "training.muon.momentum", m.momentum, "a number in [0, 1)"),
         (len(m.ns_coefficients) == 3, "training.muon.ns_coefficients", list(m.ns_coefficients),
          "three numbers (a, b, c)"),
+        (0 <= t.ema.decay < 1, "training.ema.decay", t.ema.decay, "a number in [0, 1)"),
+        (t.ema.start_step >= 0, "training.ema.start_step", t.ema.start_step, "an integer >= 0"),
         (m.muon_lr_scale > 0, "training.muon.muon_lr_scale", m.muon_lr_scale, "a positive number"),
         (m.moe_top_k <= m.moe_num_experts, "training.muon.moe_top_k", m.moe_top_k,
          f"at most training.muon.moe_num_experts ({m.moe_num_experts})"),

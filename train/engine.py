@@ -13,6 +13,7 @@ import torch
 
 from utils.dist import free_port
 from checkpoint.zero import optimizer_state_by_name, reshard_if_needed, save_layout, save_plain_layout
+from train.ema import build_ema
 
 def load_deepspeed_config(path, cfg, world_size):
     """Read a ZeRO JSON and fill its "auto" fields from the config; reject contradictions."""
@@ -53,6 +54,9 @@ def load_deepspeed_config(path, cfg, world_size):
     stage = ds.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2):
         raise ValueError(f"{path}: zero_optimization.stage is {stage}; this recipe supports ZeRO 0, 1 and 2")
+    if cfg.training.ema.enabled and stage == 0 and bf16:  # DeepSpeed's bf16 optimizer hides its fp32 masters
+        raise ValueError(f"{path}: training.ema needs ZeRO stage 1 or 2 under model.precision=bf16_mixed "
+                         "(stage 0 keeps no fp32 weights the EMA can follow); use configs/zero1.json or zero2.json")
     ds.setdefault("steps_per_print", 10**9)  # our own metrics log; keep DeepSpeed quiet
     return ds
 
@@ -94,6 +98,7 @@ class Engine:
             self.base_optimizer = base
         else:
             self.base_optimizer = optimizer
+        self.ema = build_ema(self, cfg.training.ema)  # None unless training.ema.enabled
 
     @property
     def device(self):
@@ -145,6 +150,8 @@ class Engine:
         """Collective: every rank writes its part of the model and optimizer state, plus the
         layout that lets a checkpoint move to another world size (checkpoint/zero.py)."""
         engine_dir = os.path.join(directory, "engine")
+        if self.ema is not None:
+            self.ema.save(engine_dir)
         if self.deepspeed:
             self.ds.save_checkpoint(directory, tag="engine", exclude_frozen_parameters=True)
             save_layout(self.ds, engine_dir)
@@ -158,6 +165,8 @@ class Engine:
     def load(self, directory):
         """Collective. At another world size the state is re-partitioned by parameter name."""
         engine_dir = os.path.join(directory, "engine")
+        if self.ema is not None:
+            self.ema.load(engine_dir)
         if self.deepspeed:
             if reshard_if_needed(self.ds, engine_dir):
                 return

@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
 from train.config import check_launch, config_stem, load_config, save_config  # noqa: E402
+from train.ema import optimizer_state_report  # noqa: E402
 from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
@@ -143,6 +144,7 @@ def main(argv=None):
 
     engine.train()
     window_start, window_steps, loss_sum = time.perf_counter(), 0, {}
+    first_step = state.step
     while state.step < cfg.training.max_steps:
         lrs = schedule.apply(engine)  # the lr of this update, set before it
         step = state.step + 1
@@ -154,6 +156,10 @@ def main(argv=None):
             for k in ("loss", "video_loss", "action_loss"):
                 loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
         grad_norm = engine.optimizer_step()
+        if engine.ema is not None:
+            engine.ema.update(step)
+        if state.step == first_step:  # the optimizer's state exists from its first step
+            log.info(optimizer_state_report(engine))
         state.step, state.samples_seen = step, state.samples_seen + samples_per_step
         window_steps += 1
 
@@ -161,6 +167,8 @@ def main(argv=None):
         val = None
         if step % cfg.system.val_interval == 0 and val_loader is not None:  # None: nothing held out
             val, pictures = validate(engine, encoders, val_loader, cfg, stats)
+            if engine.ema is not None:  # the same validation with the EMA weights: val_ema_* keys
+                val.update(engine.ema.validate(validate, engine, encoders, val_loader, cfg, stats))
             metrics.add_figures(step, *(pictures or ({}, {})))
         if step % cfg.system.log_interval == 0 or val is not None or is_last:
             elapsed = time.perf_counter() - window_start
