@@ -76,7 +76,7 @@ def has_ema(path):
     return any(os.path.isfile(os.path.join(engine, f)) for f in (EMA_FILE, EMA_SHARD_FILE.format(rank=0)))
 
 
-def _read_ema(path, key):
+def read_ema(path, key):
     """(EMA updates, {name: fp32 tensor}) of the trainable weights of checkpoint `path`."""
     engine = os.path.join(path, "engine")
     if not has_ema(path):
@@ -104,7 +104,7 @@ def read_weights(path, key="finetune.checkpoint_path", weights="raw"):
     raw = _read_raw(path, key)
     if weights == "raw":
         return raw
-    updates, ema = _read_ema(path, key)
+    updates, ema = read_ema(path, key)
     if updates == 0:
         raise FinetuneError(f"{key} '{path}': the EMA has had no update yet (training.ema.start_step comes "
                             "after this checkpoint's step); use the raw weights (--weights raw)")

@@ -101,10 +101,21 @@ def gather_state(engine):
     return {"params": params, "scalars": scalars, "global_steps": engine.global_steps}
 
 
+def make_ema(engine, EMA):
+    """The trainer's EMA over this engine: the ZeRO partitions, or whole parameters at stage 0."""
+    from checkpoint.zero import fp32_partitions
+    settings = types.SimpleNamespace(enabled=True, decay=0.5, update_every=1, start_step=0)
+    if engine.zero_optimization():
+        return EMA(settings, fp32_partitions(engine), zero_engine=engine)
+    named = list(engine.module.named_parameters())
+    return EMA(settings, [p for _, p in named], names=[n for n, _ in named])
+
+
 def worker(phase, root, combos):
     import deepspeed
 
     from checkpoint.zero import reshard_if_needed, save_layout
+    from train.ema import EMA
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     source = {"train": None, "shrink": "train", "grow": "shrink"}[phase]
@@ -117,21 +128,27 @@ def worker(phase, root, combos):
                   "gradient_clipping": 1.0, "zero_optimization": {"stage": int(stage)},
                   "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        ema = make_ema(engine, EMA)
         out = os.path.join(root, phase, combo)
         if source:
             resharded = reshard_if_needed(engine, os.path.join(root, source, combo, "engine"))
+            ema.load(os.path.join(root, source, combo, "engine"))
             loaded = gather_state(engine)
             loaded["resharded"] = resharded
             if rank == 0:
                 torch.save(loaded, out + ".loaded.pt")
+            ema.save(os.path.join(out + ".loaded_ema", "engine"))  # the EMA as loaded, every rank's slice
+            save_layout(engine, os.path.join(out + ".loaded_ema", "engine"))
         for step in range(STEPS):
             gen = torch.Generator().manual_seed(1000 * step + rank)
             loss = engine(torch.randn(2, 13, generator=gen)).pow(2).mean()
             engine.backward(loss)
             engine.step()
+            ema.update(engine.global_steps)
             print(f"progress: {combo} step {step}", flush=True)  # read by the hang guard
         engine.save_checkpoint(out, tag="engine", exclude_frozen_parameters=True)
         save_layout(engine, os.path.join(out, "engine"))
+        ema.save(os.path.join(out, "engine"))
         saved = gather_state(engine)
         if rank == 0:
             torch.save(saved, out + ".saved.pt")
@@ -192,6 +209,21 @@ def test_resume_at_other_world_size_restores_every_tensor(runs, combo, source, t
     if "adamw" == combo.split("-", 1)[1]:
         assert keys == {"exp_avg", "exp_avg_sq"}
         assert [s["step"] for s in saved["scalars"]] == [float(saved["global_steps"])] * 2
+
+
+@pytest.mark.parametrize("combo", COMBOS)
+@pytest.mark.parametrize("source,target", [("train", "shrink"), ("shrink", "grow")], ids=["2to1", "1to2"])
+def test_ema_moves_to_another_world_size(runs, combo, source, target):
+    """The EMA as saved (every rank's slice, read by name) equals the EMA the new ranks loaded."""
+    from checkpoint.finetune import read_ema
+    saved_updates, saved = read_ema(os.path.join(runs, source, combo), "saved")
+    loaded_updates, loaded = read_ema(os.path.join(runs, target, combo + ".loaded_ema"), "loaded")
+    assert saved_updates == loaded_updates == {"train": 2, "shrink": 4}[source]
+    fp32 = load(runs, source, combo, "saved")["params"]
+    assert set(saved) == set(loaded) == set(fp32)
+    for name, value in saved.items():
+        assert torch.equal(loaded[name], value), f"{combo} {name}"
+        assert not torch.equal(value, fp32[name]["fp32"]), f"{combo} {name}: the EMA is not the weights"
 
 
 def test_same_world_size_is_left_to_deepspeed(runs, tmp_path):

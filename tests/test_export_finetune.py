@@ -194,3 +194,69 @@ def test_parse_size():
     assert parse_size("200KB") == 200_000 and parse_size("1024") == 1024
     with pytest.raises(ExportError, match="expected a size such as 5GB"):
         parse_size("5 parsecs")
+
+
+def add_ema(ckpt, ema, updates=4):
+    """The file a DDP / stage-0 run with training.ema writes beside its weights."""
+    torch.save({"updates": updates, "weights": ema}, os.path.join(ckpt, "engine", "ema.pt"))
+
+
+@pytest.fixture(scope="module")
+def trained_with_ema(cfg, tmp_path_factory):
+    raw = world_model(cfg, seed=1).state_dict()
+    ema = {k: v.clone() for k, v in world_model(cfg, seed=3).named_parameters()}
+    path = write_checkpoint(raw, cfg, str(tmp_path_factory.mktemp("run_ema") / "checkpoint_step_3"))
+    add_ema(path, ema)
+    return raw, {**raw, **ema}, path
+
+
+def test_ema_export_round_trip_and_finetune(cfg, trained_with_ema, tmp_path, capsys):
+    """`--weights ema` writes the EMA set; the export says which set it holds; a fine-tune from it
+    loads exactly the EMA; the default export is the raw set."""
+    from models.world_model import WorldModel
+    raw, ema, ckpt = trained_with_ema
+    out = str(tmp_path / "ema")
+    main([ckpt, out, "--weights", "ema"])
+    assert "exported the ema weights of" in capsys.readouterr().out
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["weights"] == "ema"
+    assert_same(WorldModel.from_pretrained(out).state_dict(), ema)
+    fresh = world_model(cfg, seed=2)
+    report = load_finetune_weights(fresh, out, [])
+    assert len(report.loaded) == len(ema) and not report.missing
+    assert_same(fresh.state_dict(), ema)
+    default = export_checkpoint(ckpt, str(tmp_path / "raw"))
+    assert_same(WorldModel.from_pretrained(default).state_dict(), raw)
+
+
+def test_inference_weights_default_to_the_ema_and_say_so(cfg, trained, trained_with_ema, tmp_path):
+    from checkpoint.finetune import inference_weights
+    raw, ema, ckpt = trained_with_ema
+    state, which, note = inference_weights(ckpt)
+    assert which == "ema" and "EMA weights (--weights raw" in note and ckpt in note
+    assert_same(state, ema)
+    state, which, note = inference_weights(ckpt, weights="raw")
+    assert which == "raw" and "also holds EMA weights" in note
+    assert_same(state, raw)
+    plain_raw, plain = trained
+    state, which, note = inference_weights(plain)
+    assert which == "raw" and "holds no EMA weights" in note
+    with pytest.raises(FinetuneError, match="holds no EMA weights"):
+        inference_weights(plain, weights="ema")
+    exported = export_checkpoint(ckpt, str(tmp_path / "export"), weights="ema")
+    state, which, note = inference_weights(exported)
+    assert which == "ema" and "exported" in note
+    assert_same(state, ema)
+    with pytest.raises(FinetuneError, match="is an export of the ema weights"):
+        inference_weights(exported, weights="raw")
+
+
+def test_ema_export_errors(cfg, trained, tmp_path):
+    _, plain = trained
+    with pytest.raises(SystemExit, match="holds no EMA weights"):
+        main([plain, str(tmp_path / "a"), "--weights", "ema"])
+    raw = world_model(cfg, seed=1).state_dict()
+    early = write_checkpoint(raw, cfg, str(tmp_path / "checkpoint_step_1"))
+    add_ema(early, dict(world_model(cfg, seed=3).named_parameters()), updates=0)
+    with pytest.raises(SystemExit, match="the EMA has had no update yet"):
+        main([early, str(tmp_path / "b"), "--weights", "ema"])

@@ -1,9 +1,11 @@
 """The recipe end to end: ZeRO-1/2 with 2 processes against 1 process, exact resume, launchers, bad input."""
 import json
 import os
+import re
 import subprocess
 
 import pytest
+import torch
 
 from tests.helpers import FAST, PYTHON, ROOT, free_port, losses, metrics, run_dir, torchrun, train
 from checkpoint.checkpointer import complete_checkpoints
@@ -16,6 +18,10 @@ LAYOUTS = {
     "w2_zero1": dict(nproc=2, deepspeed="configs/zero1.json", overrides=["training.batch_size=2"]),
     "w2_zero2": dict(nproc=2, deepspeed="configs/zero2.json", overrides=["training.batch_size=2"]),
 }
+# EMA on in every layout: updates after steps 3 (a copy) and 6 (decay min(0.1, 2/11) = 0.1), both
+# saved, so that it can be recomputed from the raw weights; validated with the EMA at step 6.
+EMA = ["training.ema.enabled=true", "training.ema.decay=0.1", "training.ema.start_step=3",
+       "training.ema.update_every=3", "system.val_interval=6", "system.val_batches=1"]
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +30,11 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
     out = {}
     for name, layout in LAYOUTS.items():
-        train(tmp, layout["nproc"], name, layout["overrides"], layout["deepspeed"])
+        first = train(tmp, layout["nproc"], name, layout["overrides"] + EMA, layout["deepspeed"])
+        out[f"{name}_state_line"] = next(line for line in first.stderr.splitlines() if "optimizer state on rank" in line)
         ckpt = os.path.join(run_dir(tmp, name), "checkpoint_step_3")
         resumed = f"{name}_resumed"
-        train(tmp, layout["nproc"], resumed, layout["overrides"] + [f"resume.checkpoint_path={ckpt}"],
+        train(tmp, layout["nproc"], resumed, layout["overrides"] + EMA + [f"resume.checkpoint_path={ckpt}"],
               layout["deepspeed"])
         out[name] = metrics(tmp, name)
         # resuming continues the checkpoint's own run: its metrics.jsonl gets steps 4-6 again
@@ -44,8 +51,46 @@ def test_resume_is_bit_identical(runs, name):
     rewound = [os.path.basename(p) for p in os.listdir(run_dir(tmp, name)) if "rewound" in p]
     assert rewound, "the records after the resumed step must be kept aside, not lost"
     with open(os.path.join(run_dir(tmp, name), rewound[0])) as f:
-        uninterrupted = {json.loads(line)["step"]: json.loads(line)["loss"] for line in f}
+        records = [json.loads(line) for line in f]
+    uninterrupted = {r["step"]: r["loss"] for r in records}
     assert uninterrupted == {s: resumed[s] for s in (4, 5, 6)}, "resume must reproduce losses exactly"
+    # the EMA (restored with its update count) gives the same held-out errors, bit for bit
+    ema_keys = [k for k in records[-1] if k.startswith("val_ema_")]
+    assert {"val_ema_loss", "val_ema_policy_action_mse"} <= set(ema_keys)
+    assert {k: records[-1][k] for k in ema_keys} == {k: out[name][-1][k] for k in ema_keys}
+    assert records[-1]["val_ema_loss"] != records[-1]["val_loss"]
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_ema_matches_a_recomputation_from_the_raw_weights(runs, name):
+    """The EMA the ranks kept in their ZeRO partitions (reassembled by name from every rank's file)
+    against 0.1 * w3 + 0.9 * w6 from the raw weights saved at steps 3 and 6, in float64."""
+    from checkpoint.finetune import read_weights
+    tmp, _ = runs
+    d = run_dir(tmp, name)
+    w3, w6 = (read_weights(os.path.join(d, f"checkpoint_step_{s}")) for s in (3, 6))
+    ema = read_weights(os.path.join(d, "checkpoint_step_6"), weights="ema")
+    trainable = [k for k in w6 if not torch.equal(w3[k], w6[k])]
+    assert len(trainable) > 100
+    for k in trainable:
+        reference = 0.1 * w3[k].double() + 0.9 * w6[k].double()
+        assert torch.allclose(ema[k].double(), reference, rtol=0, atol=1e-6), k
+
+
+def test_ema_costs_4_bytes_per_parameter_over_the_world_size(runs):
+    """The optimizer-state line at start: the EMA is as large as this rank's fp32 master partition,
+    halved (to within DeepSpeed's alignment padding) at W=2."""
+    _, out = runs
+
+    def figures(name):
+        line = out[f"{name}_state_line"]
+        masters = float(re.search(r"fp32 master partitions ([\d.]+)", line).group(1))
+        return masters, int(re.search(r"EMA bytes (\d+)", line).group(1))
+
+    (m1, ema1), (m2, ema2) = figures("w1_zero2"), figures("w2_zero2")
+    assert m1 == pytest.approx(ema1 / 2 ** 20, abs=0.01) and m2 == pytest.approx(ema2 / 2 ** 20, abs=0.01)
+    assert ema1 > 4 * 300_000 and 0 <= 2 * ema2 - ema1 <= 4 * 2 * 64  # tiny: 0.36M trainable parameters
+    assert figures("w2_zero1")[1] == ema2
 
 
 def test_gradient_accumulation_matches_a_larger_batch(runs):

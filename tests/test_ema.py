@@ -1,0 +1,101 @@
+"""The EMA of the weights (train/ema.py) in one process: its schedule against an independent float64
+recomputation from the raw weights of every step, the validation swap, and its checkpoint file.
+The ZeRO-1/2 partitions at W=1 and W=2 are tested end to end in tests/test_train.py, their move to
+another world size in tests/test_checkpoint_convert.py."""
+import logging
+import types
+
+import pytest
+import torch
+
+from train.ema import EMA, decay_at, updates_at
+
+
+def settings(decay=0.3, update_every=1, start_step=0):
+    return types.SimpleNamespace(enabled=True, decay=decay, update_every=update_every, start_step=start_step)
+
+
+def test_schedule():
+    s = settings(decay=0.25, update_every=3, start_step=2)
+    assert [step for step in range(1, 15) if updates_at(s, step)] == [2, 5, 8, 11, 14]
+    assert [decay_at(s, n) for n in range(4)] == [0.0, 2 / 11, 0.25, 0.25]  # copy, warm-up, then the cap
+    assert decay_at(settings(decay=0.9999), 990) == pytest.approx(991 / 1000)
+
+
+def model_and_optimizer():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    model[0].bias.requires_grad_(False)  # frozen: not in the EMA
+    return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
+
+
+def train_step(model, optimizer, step):
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(step))
+    model(x).pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_ema_matches_a_recomputation_from_the_raw_weights():
+    model, optimizer = model_and_optimizer()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    s = settings(decay=0.3, update_every=2, start_step=3)
+    ema = EMA(s, [p for _, p in named], names=[n for n, _ in named])
+    raw = {}
+    for step in range(1, 12):
+        train_step(model, optimizer, step)
+        ema.update(step)
+        raw[step] = {n: p.detach().double().clone() for n, p in named}
+    # the reference: updates at steps 3, 5, 7, 9, 11; the first copies, then d = 2/11, 0.25, 0.3, 0.3
+    reference, decays = dict(raw[3]), [2 / 11, 0.25, 0.3, 0.3]
+    for step, d in zip((5, 7, 9, 11), decays):
+        reference = {n: d * reference[n] + (1 - d) * raw[step][n] for n in reference}
+    assert ema.updates == 5
+    for (name, _), got in zip(named, ema.shadow):
+        assert torch.allclose(got.double(), reference[name], rtol=0, atol=1e-6), name
+        assert not torch.allclose(got.double(), raw[11][name], atol=1e-4), f"{name}: the EMA is not just the weights"
+
+
+def test_swap_gives_the_model_the_ema_and_restores_it_exactly():
+    model, optimizer = model_and_optimizer()
+    params = [p for p in model.parameters() if p.requires_grad]
+    ema = EMA(settings(), params, names=[str(i) for i in range(len(params))])
+    for step in (1, 2, 3):
+        train_step(model, optimizer, step)
+        ema.update(step)
+    raw, average = [p.detach().clone() for p in params], [t.clone() for t in ema.shadow]
+    x = torch.randn(2, 5)
+    with ema.swapped_in():
+        inside = model(x)
+        assert all(torch.equal(p, a) for p, a in zip(params, average))
+    assert all(torch.equal(p, r) for p, r in zip(params, raw))
+    assert all(torch.equal(t, a) for t, a in zip(ema.shadow, average))
+    assert not torch.equal(inside, model(x))
+    calls = []
+    values = ema.validate(lambda tag: calls.append(tag) or ({"loss": 1.5}, None), "v")
+    assert values == {"ema_loss": 1.5} and calls == ["v"]
+    assert EMA(settings(), params, names=["x"] * len(params)).validate(lambda: 1 / 0) == {}  # no update yet
+
+
+def test_saved_ema_loads_by_name_and_a_checkpoint_without_one_restarts_it(tmp_path, caplog):
+    model, optimizer = model_and_optimizer()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    ema = EMA(settings(), [p for _, p in named], names=[n for n, _ in named])
+    for step in (1, 2):
+        train_step(model, optimizer, step)
+        ema.update(step)
+    ema.save(str(tmp_path))
+    # another parameter order (like MuonAdamW's at another world size): restored by name
+    again = EMA(settings(), [p for _, p in reversed(named)], names=[n for n, _ in reversed(named)])
+    again.load(str(tmp_path))
+    assert again.updates == 2
+    for a, b in zip(again.shadow, reversed(ema.shadow)):
+        assert torch.equal(a, b)
+    with caplog.at_level(logging.WARNING, logger="train.ema"):
+        again.load(str(tmp_path / "elsewhere"))
+    assert again.updates == 0 and "holds no EMA" in caplog.text
+
+
+def test_non_fp32_masters_are_refused():
+    with pytest.raises(ValueError, match="contiguous fp32 master weights, got torch.bfloat16"):
+        EMA(settings(), [torch.zeros(3, dtype=torch.bfloat16)], names=["w"])
