@@ -1,14 +1,17 @@
 """Step-time cost of the EMA (training.ema) on the tiny recipe: EMA off and on, side by side.
 
-    python benchmarks/ema_step_time.py [--procs 2] [--deepspeed configs/zero2.json] [--rounds 12] [--steps 4]
+    python benchmarks/ema_step_time.py [--procs 2] [--deepspeed configs/zero2.json] [--rounds 30] [--steps 2]
 
 One set of --procs processes (gloo on CPU, NCCL on GPUs) builds the tiny recipe as train/train.py
 does (data, model, MuonAdamW, the DeepSpeed engine, the EMA over its ZeRO partitions) and then
 times training steps in rounds; each round runs --steps steps without the EMA update and
 --steps steps with it (the order alternating between rounds), so that both variants see the same
 machine load. A step is forward + backward + optimizer step (+ `ema.update`), the slowest rank's
-time. Reported, per variant: the median over rounds of the mean step time; ratio = on / off;
-`ema_update_s`: the median time of the EMA update alone; `ema_share` = ema_update_s / step time
+time. Reported, per variant: the median over rounds of the mean step time; ratio = on / off of
+those medians;
+`paired_ratio`: the median over rounds of on / off within a round (the two ran seconds apart, so
+this cancels most of the drift of a shared machine); `ema_update_s`: the median time of the EMA
+update alone; `ema_share` = ema_update_s / step time
 (the cost without the noise of two whole steps); `ema_mib_per_rank`: the EMA's memory on rank 0.
 Writes a table to stdout and JSON to --out.
 """
@@ -97,8 +100,8 @@ def main():
     p.add_argument("--config", default="configs/tiny.yaml")
     p.add_argument("--deepspeed", default="configs/zero2.json", help="'' for DDP")
     p.add_argument("--procs", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=12, help="timed rounds (each runs both variants)")
-    p.add_argument("--steps", type=int, default=4, help="steps per variant per round")
+    p.add_argument("--rounds", type=int, default=30, help="timed rounds (each runs both variants)")
+    p.add_argument("--steps", type=int, default=2, help="steps per variant per round")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     p.add_argument("--out", default="benchmarks/results/ema_step_time.json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -119,12 +122,14 @@ def main():
     os.remove(raw_path)
     off, on = (statistics.median(raw["times"][v]) for v in ("off", "on"))
     update = statistics.median(raw["updates"])
+    paired = statistics.median(b / a for a, b in zip(raw["times"]["off"], raw["times"]["on"]))
     row = dict(procs=raw["world_size"], deepspeed=args.deepspeed or "ddp", device=raw["device"],
-               step_s_off=off, step_s_on=on, ratio=on / off, ema_update_s=update, ema_share=update / off,
+               step_s_off=off, step_s_on=on, ratio=on / off, paired_ratio=paired, ema_update_s=update,
+               ema_share=update / off,
                ema_mib_per_rank=raw["ema_bytes"] / 2 ** 20, rounds=args.rounds, steps_per_round=args.steps)
-    print(f"{'procs':>5} {'engine':<20} {'off s/step':>10} {'on s/step':>10} {'ratio':>6} "
+    print(f"{'procs':>5} {'engine':<20} {'off s/step':>10} {'on s/step':>10} {'ratio':>6} {'paired':>6} "
           f"{'update ms':>9} {'share':>7} {'EMA MiB/rank':>12}")
-    print(f"{row['procs']:>5} {row['deepspeed']:<20} {off:>10.4f} {on:>10.4f} {row['ratio']:>6.3f} "
+    print(f"{row['procs']:>5} {row['deepspeed']:<20} {off:>10.4f} {on:>10.4f} {row['ratio']:>6.3f} {paired:>6.3f} "
           f"{update * 1e3:>9.3f} {row['ema_share']:>7.2%} {row['ema_mib_per_rank']:>12.2f}")
     with open(args.out, "w") as f:
         json.dump(dict(command=" ".join(sys.argv), rows=[row], raw=raw), f, indent=1)

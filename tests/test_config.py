@@ -96,7 +96,8 @@ def test_every_schema_key_is_read_by_code(tmp_path):
     from utils.config import all_keys
 
     runs = [["training.max_steps=2", "system.save_interval=1", "system.val_interval=1", "system.val_batches=1",
-             "training.scheduler_type=cosine", "logging.report_to=all", "logging.wandb_mode=offline"],
+             "training.scheduler_type=cosine", "logging.report_to=all", "logging.wandb_mode=offline",
+             "training.ema.enabled=true", "training.ema.start_step=1"],
             ["training.max_steps=3", "resume.checkpoint_path=auto", "resume.reset_scheduler=true",
              "logging.report_to=none"]]
     read = set()
@@ -123,6 +124,9 @@ def test_every_schema_key_is_read_by_code(tmp_path):
     ("model.time_distribution.max_t=1.5", "expected 0 <= min_t <= max_t <= 1"),
     ("dataset.weights=[1,2]", "'dataset.weights' is [1.0, 2.0]; expected one non-negative number per dataset_dir"),
     ("system.total_limit=0", "expected null (keep all) or a positive integer"),
+    ("training.ema.decay=1.0", "'training.ema.decay' is 1.0; expected a number in [0, 1)"),
+    ("training.ema.update_every=0", "'training.ema.update_every' is 0; expected a positive integer"),
+    ("training.ema.start_step=-1", "'training.ema.start_step' is -1; expected an integer >= 0"),
 ])
 def test_cross_field_rules_fail_at_load(override, message):
     """Every rule between fields runs at load, before anything is built, with the same message style."""
