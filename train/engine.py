@@ -150,17 +150,16 @@ class Engine:
         """Collective: every rank writes its part of the model and optimizer state, plus the
         layout that lets a checkpoint move to another world size (checkpoint/zero.py)."""
         engine_dir = os.path.join(directory, "engine")
-        if self.ema is not None:
-            self.ema.save(engine_dir)
         if self.deepspeed:
             self.ds.save_checkpoint(directory, tag="engine", exclude_frozen_parameters=True)
             save_layout(self.ds, engine_dir)
-            return
-        if self.accelerator.is_main_process:
+        elif self.accelerator.is_main_process:
             os.makedirs(engine_dir, exist_ok=True)
             torch.save(self.unwrapped_model().state_dict(), os.path.join(engine_dir, "model.pt"))
             torch.save(self.optimizer.state_dict(), os.path.join(engine_dir, "optimizer.pt"))
             save_plain_layout(self.unwrapped_model(), self.base_optimizer, engine_dir, self.accelerator.num_processes)
+        if self.ema is not None:  # after DeepSpeed's collectives: a failed write here cannot split them
+            self.ema.save(engine_dir)
 
     def load(self, directory):
         """Collective. At another world size the state is re-partitioned by parameter name."""
