@@ -61,7 +61,6 @@ def test_online_without_credentials_is_one_clear_error(wandb_env):
     for hint in ("no W&B credentials", "WANDB_MODE is not set", "`wandb login`", "WANDB_MODE=offline",
                  "logging.wandb_mode=offline"):
         assert hint in message, message
-    check_wandb_login(logging_cfg, main=False)  # only rank 0 logs to wandb: the others do not look
     check_wandb_login(cfg_with("logging.report_to=tensorboard").logging)
     check_wandb_login(cfg_with("logging.report_to=all", "logging.wandb_mode=offline").logging)
     wandb_env.setenv("WANDB_MODE", "offline")

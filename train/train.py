@@ -106,7 +106,7 @@ def main(argv=None):
     accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes)
     world_size = dist.world_size()
     try:
-        dist.fail_together(check_wandb_login, cfg.logging, main=dist.is_main())  # before anything is built
+        dist.fail_together(check_wandb_login, cfg.logging)  # before anything is built
         run_dir, resume_from = dist.fail_together(choose_run_dir, cfg, config_stem(args.config))
         dist.fail_together(make_generated_inputs, cfg)
         (train_set, val_set, stats), model, encoders, optimizer = dist.fail_together(

@@ -57,13 +57,14 @@ def describe(logging_cfg, settings):
                      for key, (name, _) in KEYS.items())
 
 
-def check_wandb_login(logging_cfg, main=True):
-    """Raise WandbLoginError if this rank would start an online wandb run without credentials.
+def check_wandb_login(logging_cfg):
+    """Raise WandbLoginError if an online wandb run is asked for and this machine has no credentials.
 
-    Only rank 0 (`main`) logs to wandb, so only its credentials count; run it on every rank under
-    dist.fail_together so that every rank stops. Makes no network request.
+    Run on every rank (under dist.fail_together): only rank 0 logs to wandb, but whichever rank
+    exits first may be the only one whose message reaches the log before the launcher stops the
+    others, so each one checks and can say what is wrong. Makes no network request.
     """
-    if not main or not uses_wandb(logging_cfg):
+    if not uses_wandb(logging_cfg):
         return
     from wandb.errors import AuthenticationError
     from wandb.sdk.lib import wbauth
