@@ -21,8 +21,9 @@ from train.run_dir import choose_run_dir  # noqa: E402
 from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
 from utils import dist  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
-from utils.metrics import Metrics, quiet_library_bars  # noqa: E402
+from utils.metrics import Metrics  # noqa: E402
 from utils.schedule import LRSchedule  # noqa: E402
+from utils.metrics import quiet_library_bars  # noqa: E402
 from utils.wandb_setup import check_wandb_login  # noqa: E402
 
 log = logging.getLogger("train")
