@@ -53,7 +53,7 @@ def test_wandb_env_vars_decide_unless_the_yaml_sets_a_value(wandb_env):
     assert (yaml_wins.mode, yaml_wins.project) == ("disabled", "p")
 
 
-def test_online_without_credentials_is_one_clear_error(wandb_env):
+def test_online_without_credentials_is_one_clear_error(wandb_env, tmp_path):
     logging_cfg = cfg_with("logging.report_to=all").logging
     with pytest.raises(WandbLoginError) as e:
         check_wandb_login(logging_cfg)
@@ -62,6 +62,8 @@ def test_online_without_credentials_is_one_clear_error(wandb_env):
                  "logging.wandb_mode=offline"):
         assert hint in message, message
     check_wandb_login(cfg_with("logging.report_to=tensorboard").logging)
+    with pytest.raises(WandbLoginError):  # any command logging through Metrics gets the same message
+        Metrics(cfg_with(), str(tmp_path), True, 0, "wandb")
     check_wandb_login(cfg_with("logging.report_to=all", "logging.wandb_mode=offline").logging)
     wandb_env.setenv("WANDB_MODE", "offline")
     wandb.teardown()  # wandb reads its environment once per process

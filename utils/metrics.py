@@ -54,6 +54,8 @@ class Metrics:
         self._warned_strip = False
         if not enabled:
             return
+        if report_to in ("wandb", "all"):  # first: it may stop for missing credentials
+            self.wandb = init_wandb(cfg, run_dir)
         rewind_metrics(self.path, start_step)
         if report_to in ("tensorboard", "all"):
             from torch.utils.tensorboard import SummaryWriter
@@ -61,8 +63,6 @@ class Metrics:
             # wrote before it stopped are purged, so each step appears once.
             self.tb = SummaryWriter(os.path.join(run_dir, cfg.logging.tensorboard_log_dir),
                                     purge_step=start_step + 1 if start_step else None)
-        if report_to in ("wandb", "all"):
-            self.wandb = init_wandb(cfg, run_dir)
         self.progress_display = Progress(cfg.training.max_steps, start_step, cfg.logging.progress)  # its clock starts now
 
     def log(self, record):

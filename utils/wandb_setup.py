@@ -64,8 +64,12 @@ def check_wandb_login(logging_cfg):
     exits first may be the only one whose message reaches the log before the launcher stops the
     others, so each one checks and can say what is wrong. Makes no network request.
     """
-    if not uses_wandb(logging_cfg):
-        return
+    if uses_wandb(logging_cfg):
+        require_credentials(logging_cfg)
+
+
+def require_credentials(logging_cfg):
+    """Raise WandbLoginError if these settings make an online run and no credentials are found."""
     from wandb.errors import AuthenticationError
     from wandb.sdk.lib import wbauth
 
@@ -74,7 +78,7 @@ def check_wandb_login(logging_cfg):
         return
     host = wbauth.HostUrl(settings.base_url, app_url=settings.app_url)
     try:
-        auth = wbauth.authenticate_session(host=host, source="train.py", prompt=False, update_session=False)
+        auth = wbauth.authenticate_session(host=host, source="start-up check", prompt=False, update_session=False)
     except AuthenticationError as e:  # credentials found but malformed, e.g. a truncated key
         raise WandbLoginError(f"wandb: {e}. {HOW_TO_FIX}") from None
     if auth is None:
@@ -111,6 +115,7 @@ def init_wandb(cfg, run_dir):
     import wandb
     from omegaconf import OmegaConf
 
+    require_credentials(cfg.logging)  # train.py checked at start-up; another command that logs here did not
     stem = os.path.basename(os.path.dirname(os.path.abspath(run_dir)))
     log.info("wandb: %s", describe(cfg.logging, wandb_settings(cfg.logging)))
     return wandb.init(mode=cfg.logging.wandb_mode, project=cfg.logging.wandb_project,
