@@ -15,7 +15,7 @@ import wandb
 from tests.helpers import PYTHON, ROOT, run_dir, train
 from train.config import load_config
 from utils.metrics import Metrics, Progress, progress_line
-from utils.wandb_setup import RUN_ID_FILE, WandbLoginError, check_wandb_login, run_id, wandb_settings
+from utils.wandb_setup import RUN_ID_FILE, WandbLoginError, check_wandb_login, describe, run_id, wandb_settings
 
 API_KEY = "0123456789abcdef0123456789abcdef01234567"  # wandb checks the format only (40 characters)
 
@@ -49,8 +49,14 @@ def test_wandb_env_vars_decide_unless_the_yaml_sets_a_value(wandb_env):
     wandb_env.setenv("WANDB_PROJECT", "from-env")
     settings = wandb_settings(cfg_with("logging.report_to=wandb").logging)
     assert (settings.mode, settings.project, settings.entity) == ("offline", "from-env", None)
-    yaml_wins = wandb_settings(cfg_with("logging.wandb_mode=disabled", "logging.wandb_project=p").logging)
+    assert describe(cfg_with().logging, settings).startswith(
+        "mode offline (WANDB_MODE), project from-env (WANDB_PROJECT), entity None (wandb's default")
+    yaml = cfg_with("logging.wandb_mode=disabled", "logging.wandb_project=p").logging
+    yaml_wins = wandb_settings(yaml)
     assert (yaml_wins.mode, yaml_wins.project) == ("disabled", "p")
+    assert describe(yaml, yaml_wins).startswith(  # what the run logs
+        "mode disabled (logging.wandb_mode, overriding WANDB_MODE=offline), "
+        "project p (logging.wandb_project, overriding WANDB_PROJECT=from-env)")
 
 
 def test_online_without_credentials_is_one_clear_error(wandb_env, tmp_path):

@@ -108,7 +108,8 @@ class LoggingConfig:
     report_to: str = "tensorboard"
     """tensorboard, wandb, all or none."""
     wandb_mode: Optional[str] = None
-    """online, offline or disabled, winning over WANDB_MODE; null: wandb decides (WANDB_MODE, `wandb offline`, else online)."""
+    """online, offline or disabled, winning over WANDB_MODE; null: wandb decides (WANDB_MODE, `wandb
+    offline`, else online)."""
     wandb_project: Optional[str] = None
     """null: wandb decides (WANDB_PROJECT, else its default project); a value wins over WANDB_PROJECT."""
     wandb_entity: Optional[str] = None

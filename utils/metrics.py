@@ -63,7 +63,8 @@ class Metrics:
             # wrote before it stopped are purged, so each step appears once.
             self.tb = SummaryWriter(os.path.join(run_dir, cfg.logging.tensorboard_log_dir),
                                     purge_step=start_step + 1 if start_step else None)
-        self.progress_display = Progress(cfg.training.max_steps, start_step, cfg.logging.progress)  # its clock starts now
+        # Last, so that its clock (the ETA) starts when training does.
+        self.progress_display = Progress(cfg.training.max_steps, start_step, cfg.logging.progress)
 
     def log(self, record):
         """`record` holds step and scalars; `lr` is a dict of group name -> lr."""

@@ -98,6 +98,7 @@ def run_id(run_dir, stem):
     kept in {run_dir}/wandb_run_id, so resume, requeue and elastic resume continue the same wandb
     run while another folder with the same run name (tiny/run1, robotwin/run1) gets its own."""
     path = os.path.join(run_dir, RUN_ID_FILE)
+    os.makedirs(run_dir, exist_ok=True)
     if os.path.exists(path):
         with open(path) as f:
             return f.read().strip()
