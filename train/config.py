@@ -107,10 +107,15 @@ class SystemConfig:
 class LoggingConfig:
     report_to: str = "tensorboard"
     """tensorboard, wandb, all or none."""
-    wandb_project: str = "motus"
-    """wandb project name."""
-    wandb_mode: str = "online"
-    """online, offline or disabled."""
+    wandb_mode: Optional[str] = None
+    """online, offline or disabled, winning over WANDB_MODE; null: wandb decides (WANDB_MODE, `wandb
+    offline`, else online)."""
+    wandb_project: Optional[str] = None
+    """null: wandb decides (WANDB_PROJECT, else its default project); a value wins over WANDB_PROJECT."""
+    wandb_entity: Optional[str] = None
+    """null: wandb decides (WANDB_ENTITY, else your default entity); a value wins over WANDB_ENTITY."""
+    progress: str = "auto"
+    """auto (a bar when stderr is a terminal, else a log line per logging step), bar or lines."""
     tensorboard_log_dir: str = "tensorboard_logs"
     """Relative to the run directory."""
     run_name: Optional[str] = None
@@ -161,7 +166,7 @@ def choices():
     from optim.build import OPTIMIZERS
     from optim.newton_schulz import ADJUST_LR_FNS, DTYPES, NS_METHODS
     from optim.routing import PRESETS
-    from utils.metrics import REPORT_TO, WANDB_MODES
+    from utils.metrics import PROGRESS, REPORT_TO, WANDB_MODES
     from utils.schedule import SCHEDULES
 
     return {
@@ -182,6 +187,7 @@ def choices():
         "training.muon.routing": PRESETS,
         "logging.report_to": REPORT_TO,
         "logging.wandb_mode": WANDB_MODES,
+        "logging.progress": PROGRESS,
         "system.log_level": LOG_LEVELS,
     }
 

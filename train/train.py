@@ -24,6 +24,8 @@ from utils.config import ConfigError  # noqa: E402
 from utils.metrics import Metrics  # noqa: E402
 from utils.quiet import silence_known_warnings  # noqa: E402
 from utils.schedule import LRSchedule  # noqa: E402
+from utils.metrics import quiet_library_bars  # noqa: E402
+from utils.wandb_setup import check_wandb_login  # noqa: E402
 
 log = logging.getLogger("train")
 
@@ -102,10 +104,12 @@ def main(argv=None):
     logging.basicConfig(level=cfg.system.log_level, format="%(asctime)s %(name)s: %(message)s")
     if not dist.is_main():
         logging.getLogger().setLevel(logging.WARNING)
+    quiet_library_bars(cfg.logging.progress)
 
     accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes)
     world_size = dist.world_size()
     try:
+        dist.fail_together(check_wandb_login, cfg.logging)  # before anything is built
         run_dir, resume_from = dist.fail_together(choose_run_dir, cfg, config_stem(args.config))
         dist.fail_together(make_generated_inputs, cfg)
         (train_set, val_set, stats), model, encoders, optimizer = dist.fail_together(
