@@ -35,8 +35,8 @@ def noise_seeds(seed, step, batch):
 
 
 def make_record(step, loss_sum, grad_norm, param_groups, lrs, val, state, samples_per_sec, step_time, skipped):
-    """One metrics.jsonl record; the losses (device tensors) are read back and averaged over ranks here."""
-    record = {"step": step, **dist.mean_across_ranks({k: v.item() for k, v in loss_sum.items()}),
+    """One metrics.jsonl record; the losses (device tensors) are averaged over ranks and read back here."""
+    record = {"step": step, **dist.mean_across_ranks(loss_sum),
               "grad_norm": float(grad_norm),
               "lr": {g.get("name", str(i)): lr for i, (g, lr) in enumerate(zip(param_groups, lrs))},
               "samples_per_sec": samples_per_sec, "step_time": step_time, "samples_seen": state.samples_seen,
