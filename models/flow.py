@@ -177,8 +177,9 @@ def euler_sample(model, inputs, mode, num_steps, generator=None):
     level = {"given": 0.0, "marginal": 1.0}
     for i in range(num_steps):
         s, ds = grid[i], grid[i + 1] - grid[i]
-        s_video = torch.full((batch,), float(level.get(video_role, s)), device=device)
-        s_action = torch.full((batch,), float(level.get(action_role, s)), device=device)
+        # s stays on the device: no read-back per Euler step
+        s_video = torch.full((batch,), level[video_role], device=device) if video_role in level else s.expand(batch)
+        s_action = torch.full((batch,), level[action_role], device=device) if action_role in level else s.expand(batch)
         v_video, v_action = model.velocity(x_video, s_video, x_action, s_action, inputs)
         if video_role == "generate":
             x_video = x_video + ds * v_video.float()

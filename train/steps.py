@@ -47,7 +47,13 @@ def make_record(step, loss_sum, grad_norm, param_groups, lrs, val, state, sample
 
 
 def to_device(batch, device):
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    """The batch on `device` (asynchronous from the loader's pinned memory). A `vlm_mask` without
+    padding is dropped here, on the host: the model then needs no attention mask, and nothing in the
+    step reads a GPU tensor back to find that out."""
+    mask = batch.get("vlm_mask")
+    drop = torch.is_tensor(mask) and mask.device.type == "cpu" and bool(mask.all())
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
+            if not (drop and k == "vlm_mask")}
 
 
 @torch.no_grad()
