@@ -83,3 +83,28 @@ def test_gpu_check_says_no_gpu_on_a_cpu_machine(tmp_path):
     r = sh("bash", "scripts/gpu_check.sh", "--out", str(out), env={**os.environ, "PYTHON": sys.executable})
     assert r.returncode == 2, r.stdout + r.stderr
     assert "gpu_check: no GPU" in r.stderr and not out.exists()
+
+
+def test_frozen_parts_move_to_the_device_only_when_a_batch_needs_them(tmp_path):
+    """CPU stand-in for the GPU: the `meta` device (a move there is visible, nothing is computed).
+    A batch from a latent cache moves no frozen part; a batch that needs text embeddings moves umT5."""
+    from models import build_world_model
+    from tests.helpers import config_from
+
+    cfg = config_from(tmp_path, {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 4},
+                                 "model": {"size": "tiny", "wan": {"vae_path": None, "text_encoder_path": None},
+                                           "vlm": {"checkpoint_path": None},
+                                           "und_expert": {"vlm": {"input_dim": 32}}}})
+    _, encoders = build_world_model(cfg)
+    encoders.to("meta")
+    cached = {"video_latents": torch.randn(2, 8, 2, 8, 8), "text_embeds": torch.randn(2, 16, 32),
+              "text_mask": torch.ones(2, 16, dtype=torch.bool), "vlm_features": torch.randn(2, 6, 32),
+              "actions": torch.randn(2, 8, 4), "instruction": ["a", "b"]}
+    out = encoders.encode(cached)
+    assert encoders.resident() == []
+    assert all(p.device.type == "cpu" for m in encoders.modules() for p in m.parameters())
+    assert all(out[k] is cached[k] for k in ("video_latents", "text_embeds", "vlm_features"))
+    with pytest.raises(RuntimeError, match="meta"):  # umT5 reads a value back, which meta cannot give:
+        encoders.encode_text(["open the drawer"])  # by then it has been moved, which is what counts here
+    assert encoders.resident() == ["text_encoder"]
+    assert all(p.device.type == "cpu" for p in encoders.vae.parameters())
