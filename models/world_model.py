@@ -119,8 +119,8 @@ class WorldModel(nn.Module):
 
     @staticmethod
     def _joint_mask(num_video, num_action, vlm_mask, device):
-        if vlm_mask is None or bool(vlm_mask.all()):
-            return None  # no padding: let SDPA / flash-attn take their fastest path
+        if vlm_mask is None:  # no padding (train/steps.to_device drops an all-true mask on the host, where
+            return None       # checking costs no GPU read-back): SDPA / flash-attn take their fastest path
         keep = torch.ones(vlm_mask.shape[0], num_video + num_action, dtype=torch.bool, device=device)
         return torch.cat([keep, vlm_mask.to(device=device, dtype=torch.bool)], dim=1)[:, None, None, :]
 

@@ -153,7 +153,7 @@ def main(argv=None):
         for micro in range(ga):
             batch = next(stream)
             inputs = encoders.encode(to_device(batch, engine.device))
-            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, step, batch)
+            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, step, inputs)
             out = engine.micro_step(inputs, is_last=micro == ga - 1)
             for k in ("loss", "video_loss", "action_loss"):
                 loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
