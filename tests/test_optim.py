@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 import torch.optim._muon as torch_muon
 from optim import MuonAdamW, build_optimizer
 from optim.newton_schulz import ns_flops, orthogonalize
-from optim.ownership import assign_owners, balanced_order, partition_size, predicted_pieces
+from optim.ownership import Piece, assign_owners, balanced_order, partition_size, predicted_pieces
 from optim.routing import split_params
 from train.config import TrainingConfig
 
@@ -194,18 +194,20 @@ def test_ownership_plan_covers_every_matrix_once_and_balances():
         assert sorted(order) == list(range(len(shapes)))
         pieces = predicted_pieces([numels[k] for k in order], world)
         owners, loads = assign_owners(pieces, [costs[k] for k in order], world)
+        size = partition_size(sum(numels), world)
         for k, own in zip(order, pieces):
-            assert sum(n for _, _, n in own) == numels[k]
+            assert sum(pc.numel for pc in own) == numels[k]
+            assert all(0 <= pc.offset and pc.offset + pc.numel <= size for pc in own)
         for own, owner in zip(pieces, owners):
-            assert owner in [r for r, _, _ in own]  # the owner holds a piece of the matrix
+            assert owner in [pc.rank for pc in own]  # the owner holds a piece of the matrix
         assert sum(loads) == sum(costs)  # every matrix counted exactly once
         assert max(loads) / (sum(costs) / world) < 1.03, world
-        assert sum(n for own in pieces for _, _, n in own) <= partition_size(sum(numels), world) * world
+        assert sum(pc.numel for own in pieces for pc in own) <= size * world
 
 
 def test_straddler_goes_to_least_loaded_holder():
     # rank 0 holds a big local matrix; the straddler between 0 and 1 must go to rank 1
-    pieces = [[(0, 0, 90)], [(0, 0, 10), (1, 10, 10)], [(1, 0, 80)]]
+    pieces = [[Piece(0, 0, 90, 0)], [Piece(0, 0, 10, 90), Piece(1, 10, 10, 0)], [Piece(1, 0, 80, 10)]]
     owners, loads = assign_owners(pieces, [900, 200, 100], 2)
     assert owners == [0, 1, 1] and loads == [900, 300]
 
@@ -245,12 +247,57 @@ def test_build_optimizer_from_config(caplog):
         build_optimizer(Net().named_parameters(), cfg, world_size=1)
 
 
+def _muon_loads(optimizer, world):
+    """Predicted Newton-Schulz flops per rank of the optimizer's Muon order at `world` ranks."""
+    members = optimizer.members("muon")
+    pieces = predicted_pieces([p.numel() for _, p in members], world)
+    return assign_owners(pieces, [ns_flops(*p.shape[-2:]) * (p.shape[0] if p.ndim == 3 else 1)
+                                  for _, p in members], world)[1]
+
+
 def test_order_inside_group_follows_world_size():
     model = Net()
     one = [n for n, _ in MuonAdamW(model.named_parameters(), world_size=1).members("muon")]
     assert one == [n for n, _ in split_params(model.named_parameters())[0]]
     two = [n for n, _ in MuonAdamW(model.named_parameters(), world_size=2).members("muon")]
     assert sorted(two) == sorted(one)
+
+
+class Skewed(torch.nn.Module):
+    """Four expensive square matrices first, then four cheap thin ones of the same size: in model
+    order rank 0 of 2 holds all the expensive ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.square = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(32, 32)) for _ in range(4))
+        self.thin = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(2, 512)) for _ in range(4))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_balanced_order_beats_model_order(world):
+    model = Skewed()
+    model_order = _muon_loads(MuonAdamW(model.named_parameters(), world_size=1), world)
+    balanced = _muon_loads(MuonAdamW(model.named_parameters(), world_size=world), world)
+    assert sum(balanced) == sum(model_order)
+    assert max(balanced) < max(model_order)
+    if world == 3:  # four equal squares on three ranks: two on one rank is the floor
+        assert max(balanced) == 2 * ns_flops(32, 32)
+    else:  # the squares split evenly; only the cheap thin matrices are left to even out
+        assert max(balanced) <= sum(balanced) / world + ns_flops(2, 512)
+
+
+def test_each_world_size_gets_its_own_balanced_order():
+    shapes = [(96, 96)] * 3 + [(96, 24)] * 6 + [(24, 96)] * 6 + [(8, 288)] * 6
+    named = [(f"blocks.{k}.w", torch.nn.Parameter(torch.zeros(s))) for k, s in enumerate(shapes)]
+    worlds = (1, 2, 3, 4, 6)
+    optimizers = {w: MuonAdamW(named, world_size=w) for w in worlds}
+    floor = ns_flops(96, 96)  # one tensor has one owner: no rank can do less than the largest
+    for world in worlds[1:]:
+        peak = {w: max(_muon_loads(opt, world)) for w, opt in optimizers.items()}  # every order, at this W
+        own = _muon_loads(optimizers[world], world)
+        assert max(own) <= 1.25 * max(floor, sum(own) / world), (world, own)
+        assert peak[world] == min(peak.values()), (world, peak)  # its own order is the best of them all
+        assert peak[world] < max(peak.values()), (world, peak)  # and strictly better than some other W's
 
 
 def test_bad_arguments_name_the_key():

@@ -109,7 +109,7 @@ def _worker(rank, out_dir, port):
         engine, model, opt = _engine(stage, clip, bf16)
         _train(engine, rank, 0, STEPS)
         plans = {g: (sum(e.owner == rank for e in p.entries), len(p.straddlers), p.extra_elements())
-                 for g, p in opt._plans.items()}
+                 for g, p in opt.plans.items()}
         state_bytes = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                           if t.dim() > 0)
         result[name] = dict(params=_params(model), plans=plans, state_bytes=state_bytes,
