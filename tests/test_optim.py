@@ -63,10 +63,10 @@ def _train(model, optimizers, steps, start=0):
             o.zero_grad()
 
 
-def _run_reference(model, steps, lr, wd, adjust_lr_fn):
+def _run_reference(model, steps, lr, wd, adjust_lr_fn, fused_adamw=False):
     """Reference step: torch.optim.Muon's own functional update on 2-D views of each matrix."""
     muon, adam = split_params(model.named_parameters())
-    adamw = torch.optim.AdamW([p for _, p in adam], lr=lr, weight_decay=wd)
+    adamw = torch.optim.AdamW([p for _, p in adam], lr=lr, weight_decay=wd, fused=fused_adamw or None)
     bufs = {n: torch.zeros_like(p) for n, p in muon}
     for s in range(steps):
         _loss(model, s).backward()
@@ -98,13 +98,14 @@ def _zeropower_float32(grad, ns_coefficients, ns_steps, eps):
     return ortho
 
 
-@pytest.mark.parametrize("adjust_lr_fn", ["match_rms_adamw", "original"])
-def test_bfloat16_matches_torch_muon_and_adamw(adjust_lr_fn):
+@pytest.mark.parametrize("adjust_lr_fn,fused_adamw", [("match_rms_adamw", False), ("original", False),
+                                                     ("match_rms_adamw", True)])
+def test_bfloat16_matches_torch_muon_and_adamw(adjust_lr_fn, fused_adamw):
     ours, ref = Net(), Net()
     opt = MuonAdamW(ours.named_parameters(), lr=0.01, weight_decay=0.1, ns_dtype="bfloat16",
-                    adjust_lr_fn=adjust_lr_fn)
+                    adjust_lr_fn=adjust_lr_fn, fused_adamw=fused_adamw)
     _train(ours, [opt], 20)
-    _run_reference(ref, 20, 0.01, 0.1, adjust_lr_fn)
+    _run_reference(ref, 20, 0.01, 0.1, adjust_lr_fn, fused_adamw)
     muon_names = {n for n, _ in split_params(ref.named_parameters())[0]}
     assert muon_names == {"blocks.0.up.weight", "blocks.0.down.weight", "blocks.0.sq.weight", "blocks.1.up.weight",
                           "blocks.1.down.weight", "blocks.1.sq.weight", "stack"}
@@ -126,6 +127,48 @@ def test_float32_matches_torch_muon_algorithm(monkeypatch):
     assert worst < 1e-6
     moved = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), Net().parameters()))
     assert moved > 1e-2  # the comparison is not vacuous
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the calls of torch's fused AdamW kernel."""
+    calls, kernel = [], torch._fused_adamw_
+    monkeypatch.setattr(torch, "_fused_adamw_", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    return calls
+
+
+def test_fused_adamw_is_the_same_adamw(fused_calls):
+    runs = {}
+    for fused in (False, True):
+        model = Net()
+        opt = MuonAdamW(model.named_parameters(), lr=0.01, weight_decay=0.1, ns_dtype="float32", fused_adamw=fused)
+        _train(model, [opt], 20)
+        runs[fused] = dict(model.named_parameters())
+        assert len(fused_calls) == (20 if fused else 0)  # one launch per step for the whole group
+    worst = max(((runs[True][n] - p).norm() / p.norm()).item() for n, p in runs[False].items())
+    assert worst < 1e-5  # fp32 round-off: the fused kernel orders its arithmetic differently
+    moved = max((a - b).abs().max().item() for a, b in zip(runs[True].values(), Net().parameters()))
+    assert moved > 1e-2
+
+
+@pytest.mark.parametrize("optimizer", ["muon_adamw", "adamw"])
+def test_fused_adamw_setting_survives_resume_across_settings(optimizer, fused_calls):
+    cfg = OmegaConf.structured(TrainingConfig)
+    cfg.optimizer, cfg.learning_rate, cfg.muon.ns_dtype = optimizer, 0.01, "float32"
+    straight = Net()
+    opt = build_optimizer(straight.named_parameters(), cfg, world_size=1)
+    _train(straight, [opt], 5)
+    saved_model, saved_opt = copy.deepcopy(straight.state_dict()), copy.deepcopy(opt.state_dict())
+    _train(straight, [opt], 5, start=5)
+    resumed = Net()
+    resumed.load_state_dict(saved_model)
+    fused = build_optimizer(resumed.named_parameters(), cfg, world_size=1, fused_adamw=True)
+    fused.load_state_dict(saved_opt)  # written without the fused kernel
+    _train(resumed, [fused], 5, start=5)
+    assert len(fused_calls) == 5  # the run's setting, not the checkpoint's, picks the kernel
+    assert all(g.get("fused", True) for g in fused.param_groups if g["name"] == "adamw")
+    worst = max(((a - b).norm() / b.norm()).item() for a, b in zip(resumed.parameters(), straight.parameters()))
+    assert worst < 1e-5
 
 
 def test_gram_method_matches_standard():
