@@ -171,6 +171,34 @@ def test_fused_adamw_setting_survives_resume_across_settings(optimizer, fused_ca
     assert worst < 1e-5
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_adamw_on_cuda_keeps_the_step_counter_on_the_device():
+    runs = {}
+    for fused in (False, True):
+        model = Net().cuda()
+        opt = MuonAdamW(model.named_parameters(), lr=0.01, ns_dtype="float32", fused_adamw=fused)
+        for s in range(5):
+            x, y = (t.cuda() for t in _batch(s))
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        steps = [st["step"] for st in opt.state.values() if "step" in st]
+        assert all(t.device.type == ("cuda" if fused else "cpu") and t.dtype == torch.float32 for t in steps)
+        runs[fused] = (model, opt)
+    (model, unfused), (fused_model, fused) = runs[False], runs[True]
+    fused_model.load_state_dict(model.state_dict())
+    fused.load_state_dict(unfused.state_dict())  # step counters arrive on the CPU
+    x, y = (t.cuda() for t in _batch(5))
+    for m, opt in ((model, unfused), (fused_model, fused)):
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    assert all(st["step"].device.type == "cuda" and st["step"].item() == 6 for st in fused.state.values()
+               if "step" in st)
+    worst = max(((a - b).norm() / b.norm()).item() for a, b in zip(fused_model.parameters(), model.parameters()))
+    assert worst < 1e-5  # the same step from the same state, within fp32 round-off
+
+
 def test_gram_method_matches_standard():
     torch.manual_seed(1)
     for shape in [(4, 16, 48), (2, 48, 16), (3, 20, 20)]:
