@@ -52,12 +52,13 @@ def muon_plan(named_parameters, muon_cfg, world_size):
                 extra_bytes_per_rank=sent)
 
 
-def zero2_step(flops_per_rank, trainable, world_size, grad_bytes, peak_flops, bandwidth):
-    """The step model: compute (forward + backward flops at `peak_flops`, already scaled by the
-    MFU) plus ZeRO-2's communication, not overlapped: a ring reduce-scatter of the gradients
-    and an all-gather of the updated weights, each (W - 1) / W * trainable * grad_bytes per
-    rank, at `bandwidth` bytes/s per rank. Returns seconds (compute, communication)."""
-    comm = 2 * (world_size - 1) / world_size * trainable * grad_bytes
+def zero2_step(flops_per_rank, trainable, world_size, grad_bytes, accumulation, peak_flops, bandwidth):
+    """The step model: compute (forward + backward flops of every micro-batch, at `peak_flops`
+    already scaled by the MFU) plus ZeRO-2's communication, not overlapped: a ring
+    reduce-scatter of the gradients per micro-batch and one all-gather of the updated weights,
+    each (W - 1) / W * trainable * grad_bytes per rank, at `bandwidth` bytes/s per rank.
+    Returns seconds (compute, communication)."""
+    comm = (accumulation + 1) * (world_size - 1) / world_size * trainable * grad_bytes
     return flops_per_rank / peak_flops, comm / bandwidth
 
 
@@ -102,16 +103,22 @@ def plan_rows(cfg, world_sizes, tflops, mfu, bandwidth_gbs, und_tokens):
     rows = []
     for world in world_sizes:
         row = muon_plan(named, cfg.training.muon, world)
-        compute, comm = zero2_step(flops_per_sample * cfg.training.batch_size, trainable, world, grad_bytes,
-                                   peak, bandwidth_gbs * 1e9)
-        row.update(ns_time_s=row["ns_flops_max"] / peak, extra_time_s=row["extra_bytes_max"] / (bandwidth_gbs * 1e9),
-                   step_compute_s=compute, step_comm_s=comm, zero2_bytes_per_rank=comm * bandwidth_gbs * 1e9)
-        row.update(ns_fraction=row["ns_time_s"] / (compute + comm), extra_fraction=row["extra_time_s"] / (compute + comm))
+        accumulation = cfg.training.gradient_accumulation_steps
+        compute, comm = zero2_step(flops_per_sample * cfg.training.batch_size * accumulation, trainable, world,
+                                   grad_bytes, accumulation, peak, bandwidth_gbs * 1e9)
+        bandwidth = bandwidth_gbs * 1e9
+        row.update(ns_time_s=row["ns_flops_max"] / peak, extra_time_s=row["extra_bytes_max"] / bandwidth,
+                   step_compute_s=compute, step_comm_s=comm, zero2_bytes_per_rank=comm * bandwidth)
+        row.update(ns_fraction=row["ns_time_s"] / (compute + comm),
+                   extra_fraction=row["extra_time_s"] / (compute + comm))
         rows.append(row)
     assumptions = dict(trainable=trainable, tokens_per_sample=tokens, batch_size=cfg.training.batch_size,
+                       gradient_accumulation_steps=cfg.training.gradient_accumulation_steps,
                        flops_per_sample=flops_per_sample, tflops=tflops, mfu=mfu, bandwidth_gbs=bandwidth_gbs,
-                       grad_bytes=grad_bytes, step="6 * sum(expert params * its tokens) * batch at tflops * mfu, "
-                       "plus 2 (W-1)/W * trainable * grad_bytes per rank at bandwidth, not overlapped")
+                       grad_bytes=grad_bytes,
+                       step="6 * sum(expert params * its tokens) * batch * accumulation at tflops * mfu, plus "
+                            "(accumulation + 1) * (W-1)/W * trainable * grad_bytes per rank at bandwidth, "
+                            "not overlapped")
     return rows, assumptions
 
 
@@ -123,8 +130,9 @@ def table(rows):
         step = r["step_compute_s"] + r["step_comm_s"]
         lines.append(f"{r['world_size']:>5} {r['tensors']:>7} {r['ns_flops_max'] / 1e9:>10.4g} "
                      f"{r['ns_flops_max'] / r['ns_flops_mean']:>8.2f} {r['ns_flops_floor'] / 1e9:>9.4g} "
-                     f"{r['ranks_without_tensor']:>5} {r['ns_time_s'] * 1e3:>8.2f} {r['extra_bytes_max'] / 2**20:>9.2f} "
-                     f"{step * 1e3:>9.1f} {r['ns_fraction']:>8.2%} {r['extra_fraction']:>10.2%}")
+                     f"{r['ranks_without_tensor']:>5} {r['ns_time_s'] * 1e3:>8.2f} "
+                     f"{r['extra_bytes_max'] / 2**20:>9.2f} {step * 1e3:>9.1f} {r['ns_fraction']:>8.2%} "
+                     f"{r['extra_fraction']:>10.2%}")
     return "\n".join(lines)
 
 
@@ -148,8 +156,9 @@ def main():
     cfg = load_config(args.config, args.overrides)
     rows, assumptions = plan_rows(cfg, args.world_sizes, args.tflops, args.mfu, args.bandwidth_gbs, args.und_tokens)
     print(f"{args.config}: {rows[0]['tensors']} Muon tensors ({rows[0]['matrices']} matrices), "
-          f"{rows[0]['ns_flops_total'] / 1e12:.2f} TFLOP of Newton-Schulz per step; {assumptions['trainable']:,} "
-          f"trainable parameters, tokens per sample {assumptions['tokens_per_sample']}, batch {cfg.training.batch_size}")
+          f"{rows[0]['ns_flops_total'] / 1e12:.2f} TFLOP of Newton-Schulz per step; "
+          f"{assumptions['trainable']:,} trainable parameters, tokens per sample "
+          f"{assumptions['tokens_per_sample']}, batch {cfg.training.batch_size}")
     print(f"step model: {assumptions['step']}; {args.tflops:g} TFLOPS x MFU {args.mfu:g}, {args.bandwidth_gbs:g} GB/s")
     print(table(rows))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
