@@ -128,8 +128,8 @@ def table(rows):
     lines = [head, "-" * len(head)]
     for r in rows:
         step = r["step_compute_s"] + r["step_comm_s"]
-        lines.append(f"{r['world_size']:>5} {r['tensors']:>7} {r['ns_flops_max'] / 1e9:>10.4g} "
-                     f"{r['ns_flops_max'] / r['ns_flops_mean']:>8.2f} {r['ns_flops_floor'] / 1e9:>9.4g} "
+        lines.append(f"{r['world_size']:>5} {r['tensors']:>7} {r['ns_flops_max'] / 1e9:>10,.1f} "
+                     f"{r['ns_flops_max'] / r['ns_flops_mean']:>8.2f} {r['ns_flops_floor'] / 1e9:>9,.1f} "
                      f"{r['ranks_without_tensor']:>5} {r['ns_time_s'] * 1e3:>8.2f} "
                      f"{r['extra_bytes_max'] / 2**20:>9.2f} {step * 1e3:>9.1f} {r['ns_fraction']:>8.2%} "
                      f"{r['extra_fraction']:>10.2%}")
