@@ -41,6 +41,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from optim import MuonAdamW  # noqa: E402
+from optim.config import MuonConfig  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 from optim.newton_schulz import muon_lr, orthogonalize_stacks  # noqa: E402
 from optim.routing import matrix_view, split_params  # noqa: E402
@@ -150,7 +151,7 @@ def _engine(variant, stage, world, args, device):
         opt = MuonAdamW(model.named_parameters(), flat_step=gather_all_step, **common)
     else:
         opt = None
-        config["optimizer"] = {"type": "Muon", "params": {"lr": LR, "momentum": 0.95, "weight_decay": WD,
+        config["optimizer"] = {"type": "Muon", "params": {"lr": LR, "momentum": MuonConfig().momentum, "weight_decay": WD,
                                                           "ns_method": "standard"}}
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config,
                                       model_parameters=model.parameters() if opt is None else None)
@@ -186,9 +187,9 @@ def _sync(device):
 
 def _ns_all(args, device):
     """A callable that orthogonalises every Muon matrix of the model, with our kernel and settings."""
-    muon = split_params(ActionStack(args.hidden, args.blocks).named_parameters())[0]
-    group = dict(ns_coefficients=(3.4445, -4.7750, 2.0315), ns_steps=5, ns_dtype=args.ns_dtype,
-                 ns_method="standard", muon_eps=1e-7)
+    optimizer = MuonAdamW(ActionStack(args.hidden, args.blocks).named_parameters(), ns_dtype=args.ns_dtype,
+                          ns_method="standard")
+    muon, group = optimizer.members("muon"), optimizer.param_groups[0]
     stacks = [torch.randn(matrix_view(p.shape), device=device) for _, p in muon]
     return lambda: orthogonalize_stacks(stacks, group), len(muon)
 
