@@ -39,14 +39,14 @@ def peak_tflops():
 def engine_for(cfg):
     import deepspeed
 
-    from models import activations
+    from models.build import size_table_model
     from models.sizes import get_size
     from optim import build_optimizer
     from train.engine import load_deepspeed_config
 
     size = get_size(cfg.model.size)
     with torch.device("cuda"):
-        model = activations.build(cfg, size)
+        model = size_table_model(cfg)
     optimizer = build_optimizer(model.named_parameters(), cfg.training, 1)
     ds = load_deepspeed_config(os.path.join(ROOT, "configs", "zero2.json"), cfg, 1)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from models import world_model as wm
-from models.world_model import WorldModel
+from models.build import size_table_model
 
 VLM_PROMPT_TOKENS = 40  # chat template (~8 tokens) + an instruction of ~32 tokens, beside the image tokens
 
@@ -159,14 +159,6 @@ def measure(model, inputs):
     return _count(model, inputs, key=lambda t: t.untyped_storage().data_ptr())
 
 
-def build(cfg, size, num_layers=None):
-    """The WorldModel of `cfg` (random init), optionally with another number of layers."""
-    from models.build import model_spec
-
-    wan = dict(size.wan, num_layers=num_layers or size.num_layers)
-    return WorldModel(model_spec(cfg, size, wan, size.vae, cfg.model.und_expert.vlm.input_dim)).apply_precision()
-
-
 def per_sample(cfg, size):
     """{checkpointing: Activations} of one sample at the size's depth. Every layer keeps the same
     bytes, so two shallow fakes (2 and 3 layers) fix the line kept(L) = kept(2) + (L - 2) x step,
@@ -174,7 +166,7 @@ def per_sample(cfg, size):
     traced = {}
     for depth in (2, 3):
         with FakeTensorMode():
-            model = build(cfg, size, depth)
+            model = size_table_model(cfg, depth)
             traced[depth] = trace(model, example_inputs(cfg, model, size, 1))
     extra = size.num_layers - 2
     return {c: Activations(1, traced[2][c].kept + extra * (traced[3][c].kept - traced[2][c].kept),

@@ -22,6 +22,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from models import activations
+from models.build import size_table_model
 from models.serialization import count_parameters
 from models.sizes import get_size
 
@@ -52,7 +53,7 @@ def count_components(cfg):
 
     size = get_size(cfg.model.size)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = activations.build(cfg, size)
+        model = size_table_model(cfg)
         vlm = Qwen3VLForConditionalGeneration(
             Qwen3VLConfig(text_config=size.vlm_text, vision_config=size.vlm_vision, **size.vlm_extra))
         vae = AutoencoderKLWan(**size.vae)
@@ -184,7 +185,7 @@ def calibration(cfg, num_layers=None):
     size = replace(size, wan=dict(size.wan, num_layers=depth))
     traced = activations.per_sample(cfg, size)
     torch.manual_seed(0)
-    real = activations.build(cfg, size)
+    real = size_table_model(cfg, depth)
     measured = activations.measure(real, activations.example_inputs(cfg, real, size, 1))
     return {("checkpointing" if c else "no_checkpointing"): {
         "traced_bytes": traced[c].kept, "measured_bytes": measured[c].kept,

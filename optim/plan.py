@@ -80,13 +80,10 @@ def build_meta_model(cfg):
     """The trainable WorldModel from the size table, on the meta device (as models/summary.py)."""
     import torch
 
-    from models.build import model_spec
-    from models.sizes import get_size
-    from models.world_model import WorldModel
+    from models.build import size_table_model
 
-    size = get_size(cfg.model.size)
     with torch.device("meta"):
-        return WorldModel(model_spec(cfg, size, size.wan, size.vae, cfg.model.und_expert.vlm.input_dim))
+        return size_table_model(cfg)
 
 
 def plan_rows(cfg, world_sizes, tflops, mfu, bandwidth_gbs, und_tokens):
