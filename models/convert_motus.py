@@ -181,7 +181,7 @@ def fit_to_model(motus, model_state, finetune_mode, source, allow_shape_mismatch
             wrong.append(f"'{origin[key]}' (ours '{key}'): checkpoint {tuple(tensor.shape)}, "
                          f"config {tuple(model_state[key].shape)}")
             continue
-        state[key] = tensor.to(model_state[key].dtype)  # the model's dtype for the config's precision
+        state[key] = tensor
     if wrong:
         raise MotusConvertError(f"{source} does not fit the config's model: {'; '.join(wrong)}. Set the "
                                 "config's dims (model.size, common.action_dim/state_dim, the experts' "
@@ -227,7 +227,8 @@ def main(argv=None):
         _check_out_dir(args.out, args.overwrite)
     except (MotusConvertError, ExportError) as e:
         sys.exit(f"convert_motus failed: {e}")
-    save_state(spec, state, args.out, max_shard)
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}  # as the config's precision holds them
+    save_state(spec, {k: v.to(dtypes[k]) for k, v in state.items()}, args.out, max_shard)
     print(report.summary())
     print(f"wrote {args.out} ({', '.join(sorted(os.listdir(args.out)))}); start a run from it with "
           f"finetune.checkpoint_path={args.out}")

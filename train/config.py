@@ -128,7 +128,7 @@ class ResumeConfig:
 @dataclass
 class FinetuneConfig:
     checkpoint_path: Optional[str] = None
-    """Weights only: a checkpoint_step_N folder or an exported folder."""
+    """Weights only: a checkpoint_step_N folder, an exported folder or a Motus checkpoint folder."""
     allow_shape_mismatch: List[str] = field(default_factory=list)
     """Regex patterns of parameter names that may change shape (skipped, left at init)."""
 
