@@ -136,16 +136,18 @@ def test_dims_that_do_not_fit_name_the_key_and_both_shapes(tmp_path):
 
 
 def pretrain_mode_checkpoint(tmp_path):
-    """Motus stage 2 as its ActionEncoder writes it: no state encoder, no registers, the table over
-    the chunk alone."""
+    """Motus stage 2 as its ActionEncoder holds it: no state encoder, no registers, the table over
+    the chunk alone (derived from the fine-tune-mode fixture)."""
     sd = torch.load(os.path.join(MOTUS_DIR, "mp_rank_00_model_states.pt"), weights_only=True)["module"]
     out = {}
     for k, v in sd.items():
         if "input_encoder.state_encoder." in k or k.endswith("action_expert.registers"):
             continue
         out[k] = v[:, :8] if k.endswith("input_encoder.pos_embedding") else v
-    os.makedirs(tmp_path / "stage2")
-    torch.save({"module": out}, tmp_path / "stage2" / "mp_rank_00_model_states.pt")
+    # the layout of Motus's own training checkpoints (accelerate + DeepSpeed), with its config.json beside
+    os.makedirs(tmp_path / "stage2" / "pytorch_model")
+    torch.save({"module": out}, tmp_path / "stage2" / "pytorch_model" / "mp_rank_00_model_states.pt")
+    (tmp_path / "stage2" / "config.json").write_text('{"common": {"action_dim": 4}}')
     return str(tmp_path / "stage2")
 
 
