@@ -58,7 +58,7 @@ class ActionExpert(nn.Module):
     modulated by the action noise level; a zero-initialised decoder reads the chunk back."""
 
     def __init__(self, num_layers, dim, ffn_mult, inner_dim, eps, action_dim, state_dim,
-                 action_chunk_size, num_registers, use_state):
+                 action_chunk_size, num_registers, use_state, position_scale=1.0):
         super().__init__()
         self.use_state = use_state
         self.action_chunk_size = action_chunk_size
@@ -66,9 +66,9 @@ class ActionExpert(nn.Module):
         self.action_encoder = mlp3x_silu(action_dim, dim)
         self.registers = nn.Parameter(torch.randn(1, num_registers, dim) * 0.02) if use_state else None
         num_tokens = action_chunk_size + (1 + num_registers if use_state else 0)
-        # Motus's table (unit amplitude). Persistent: a checkpoint's table wins over this recomputed
-        # one; Motus's checkpoints hold it rounded to bf16, and that is the function they were trained with.
-        self.register_buffer("positions", sincos_table(num_tokens, dim))
+        # Motus's table at scale 1. Persistent: a checkpoint's table wins over this recomputed one;
+        # Motus's checkpoints hold it rounded to bf16, and that is the function they were trained with.
+        self.register_buffer("positions", position_scale * sincos_table(num_tokens, dim))
         self.time_embedder = nn.Sequential(nn.Linear(TIME_FREQ_DIM, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_proj = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.layers = nn.ModuleList(

@@ -97,11 +97,12 @@ def test_joint_euler_sampling_matches_motus(model, io):
 
 
 def test_position_table_is_motus_and_loaded_one_wins(model):
-    fresh = tiny_model()
+    fresh = tiny_model("model.action_expert.position_scale=1.0")  # the default; tiny.yaml sets 0.2
     table = fresh.action_expert.positions
     assert "action_expert.positions" in fresh.state_dict()  # persistent: exports and checkpoints carry it
     assert table.abs().max() == 1.0  # Motus's amplitude
-    loaded = model.action_expert.positions
+    assert torch.equal(tiny_model().action_expert.positions, 0.2 * table)
+    loaded = model.action_expert.positions  # tiny.yaml's 0.2 does not apply to a loaded table
     assert torch.equal(loaded, table.bfloat16().float())  # Motus's bf16-rounded table, as saved
     assert not torch.equal(loaded, table)
 
