@@ -15,6 +15,7 @@ too, with the state encoder, the registers and the position table. DIR is writte
 tensors; `finetune.checkpoint_path: DIR` (or the Motus folder itself) starts a run from it.
 """
 import argparse
+import json
 import logging
 import os
 import re
@@ -191,10 +192,35 @@ def fit_to_model(motus, model_state, finetune_mode, source, allow_shape_mismatch
     return state, report
 
 
+def settings_differences(path, settings):
+    """What the `config.json` Motus's trainer writes beside a checkpoint says differently from `settings`
+    (our `model` section) about what no tensor shape shows: the experts' norm epsilons."""
+    file = motus_states_file(path)
+    folder = os.path.dirname(file)
+    candidates = [os.path.join(d, "config.json") for d in (folder, os.path.dirname(folder))]
+    found = next((c for c in candidates if os.path.isfile(c)), None)
+    if found is None:
+        return []
+    try:
+        with open(found) as f:
+            motus_cfg = json.load(f)
+    except (OSError, ValueError):
+        return [f"{found} is not readable JSON: the experts' norm_eps could not be compared"]
+    notes = []
+    for expert in ("action_expert", "und_expert"):
+        theirs = (motus_cfg.get(expert) or {}).get("norm_eps") if isinstance(motus_cfg, dict) else None
+        ours = getattr(settings, expert).norm_eps
+        if theirs is not None and float(theirs) != ours:
+            notes.append(f"{found} has {expert}.norm_eps {theirs}, the config model.{expert}.norm_eps {ours}: "
+                         f"set model.{expert}.norm_eps: {theirs} to compute Motus's function")
+    return notes
+
+
 def convert_for_model(path, model, allow_shape_mismatch=(), key="SRC"):
     """Read the Motus checkpoint at `path` and convert it for `model` (a WorldModel; may be on meta)."""
     state, report = fit_to_model(read_motus_state(path, key), model.state_dict(),
                                  model.settings.mode == "finetune", path, allow_shape_mismatch)
+    report.notes += settings_differences(path, model.settings)
     return state, report
 
 

@@ -148,7 +148,7 @@ def pretrain_mode_checkpoint(tmp_path):
     # the layout of Motus's own training checkpoints (accelerate + DeepSpeed), with its config.json beside
     os.makedirs(tmp_path / "stage2" / "pytorch_model")
     torch.save({"module": out}, tmp_path / "stage2" / "pytorch_model" / "mp_rank_00_model_states.pt")
-    (tmp_path / "stage2" / "config.json").write_text('{"common": {"action_dim": 4}}')
+    (tmp_path / "stage2" / "config.json").write_text('{"common": {"action_dim": 4}, "action_expert": {"norm_eps": 1e-6}}')
     return str(tmp_path / "stage2")
 
 
@@ -159,6 +159,8 @@ def test_pretrain_checkpoint_into_finetune_starts_the_action_io_fresh(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="checkpoint.finetune"):
         report = load_finetune_weights(fresh, path)
     assert "state encoder, action encoder, registers, position table and action decoder start fresh" in caplog.text
+    # what no shape shows, from the config.json Motus's trainer writes beside its checkpoints
+    assert "action_expert.norm_eps 1e-06, the config model.action_expert.norm_eps 1e-05" in caplog.text
     starts_fresh = {"action_expert.registers", "action_expert.positions", "action_expert.out_modulation",
                     "action_expert.proj_out.weight", "action_expert.proj_out.bias"}
     assert starts_fresh <= set(report.missing)
