@@ -4,8 +4,10 @@
 - a `checkpoint_step_N/` folder: the module weights in `engine/mp_rank_00_model_states.pt`
   (DeepSpeed; under ZeRO-1/2 these are the model's own weights: exact in fp32, the bf16
   copy under bf16_mixed) or `engine/model.pt` (DDP);
-- an exported folder (`python -m checkpoint.export`): `config.json` + `model.safetensors`, or
-  shards `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`.
+- an exported folder (`python -m checkpoint.export`, `python -m models.convert_motus`): `config.json`
+  + `model.safetensors`, or shards `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`;
+- a Motus checkpoint folder (`mp_rank_00_model_states.pt` or `pytorch_model/mp_rank_00_model_states.pt`,
+  Motus's `{'module': ...}`): converted in memory as `python -m models.convert_motus` does.
 Missing and unexpected keys are logged. A key whose shape changed is skipped (left at its
 fresh init) only when a `finetune.allow_shape_mismatch` regex matches its whole name (for a
 new action_dim: `action_expert\\.(action_encoder\\.0|proj_out)\\..*`); otherwise it is an
@@ -20,6 +22,7 @@ from typing import List, Tuple
 
 import torch
 
+from models.convert_motus import MOTUS_LAYOUTS, MotusConvertError, convert_for_model, motus_states_file
 from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_state_dict
 from checkpoint.checkpointer import MARKER
 
@@ -27,8 +30,9 @@ log = logging.getLogger(__name__)
 
 DEEPSPEED_WEIGHTS = os.path.join("engine", "mp_rank_00_model_states.pt")
 DDP_WEIGHTS = os.path.join("engine", "model.pt")
-EXPECTED = (f"a checkpoint_step_N folder (with {DEEPSPEED_WEIGHTS} or {DDP_WEIGHTS}) or an exported "
-            f"folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or shards + {INDEX_NAME})")
+EXPECTED = (f"a checkpoint_step_N folder (with {DEEPSPEED_WEIGHTS} or {DDP_WEIGHTS}), an exported "
+            f"folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or shards + {INDEX_NAME}) or a Motus checkpoint "
+            f"folder ({' or '.join(MOTUS_LAYOUTS)})")
 
 
 class FinetuneError(RuntimeError):
@@ -92,6 +96,16 @@ def read_weights(path, key="finetune.checkpoint_path"):
     raise FinetuneError(f"{key} '{path}' holds no weights; expected {EXPECTED}")
 
 
+def _read_motus(model, path, allow_shape_mismatch):
+    """A Motus checkpoint folder, converted for `model`; what was dropped and what starts fresh is logged."""
+    try:
+        state, report = convert_for_model(path, model, allow_shape_mismatch, key="finetune.checkpoint_path")
+    except MotusConvertError as e:
+        raise FinetuneError(f"finetune.checkpoint_path: {e}") from e
+    log.warning(report.summary())
+    return state
+
+
 def _allowed(key, patterns):
     return any(re.fullmatch(p, key) for p in patterns)
 
@@ -99,7 +113,7 @@ def _allowed(key, patterns):
 @torch.no_grad()
 def load_finetune_weights(model, path, allow_shape_mismatch=()):
     """Copy the weights at `path` into `model` (in place); returns a FinetuneReport (also logged)."""
-    saved = read_weights(path)
+    saved = _read_motus(model, path, allow_shape_mismatch) if motus_states_file(path) else read_weights(path)
     current = model.state_dict()
     report = FinetuneReport(source=path)
     wrong = []

@@ -212,6 +212,20 @@ def _check_names(engine_dir, saved, current):
 
 
 @torch.no_grad()
+def _load_buffers(module, saved, engine_dir):
+    """The ZeRO partitions hold parameters only; the persistent buffers (e.g. the action position
+    table, which a Motus checkpoint sets) come from the saved module state."""
+    params = dict(module.named_parameters())
+    names = [n for n in module.state_dict() if n not in params]
+    missing = [n for n in names if n not in saved]
+    if missing:
+        raise CheckpointConvertError(f"{engine_dir}: the saved module lacks the buffers {missing[:5]}; resume "
+                                     "needs the same model (use finetune.checkpoint_path to start a new run)")
+    for name in names:
+        module.get_buffer(name).copy_(saved[name])
+
+
+@torch.no_grad()
 def _install_zero(engine, engine_dir):
     import deepspeed.comm as dist
     reader = ShardReader(engine_dir)
@@ -313,6 +327,7 @@ def reshard_if_needed(engine, engine_dir):
     model_states = _load(model_states_path)
     if stage:
         _install_zero(engine, engine_dir)
+        _load_buffers(engine.module, model_states["module"], engine_dir)
     else:
         result = engine.module.load_state_dict(model_states["module"], strict=False)
         trainable = {n for n, p in engine.module.named_parameters() if p.requires_grad}

@@ -51,7 +51,8 @@ class WorldModel(nn.Module):
         self.action_expert = ActionExpert(
             wan.num_layers, spec["action_hidden"], s.action_expert.ffn_dim_multiplier, inner,
             s.action_expert.norm_eps, spec["action_dim"], spec["state_dim"], spec["action_chunk_size"],
-            s.action_expert.num_registers, use_state=s.mode == "finetune")
+            s.action_expert.num_registers, use_state=s.mode == "finetune",
+            position_scale=s.action_expert.position_scale)
         self.und_expert = UndExpert(wan.num_layers, spec["und_hidden"], s.und_expert.ffn_dim_multiplier,
                                     inner, s.und_expert.norm_eps, spec["vlm_dim"], s.und_expert.vlm.projector_type)
         self.gradient_checkpointing = s.gradient_checkpointing

@@ -133,7 +133,7 @@ class ResumeConfig:
 @dataclass
 class FinetuneConfig:
     checkpoint_path: Optional[str] = None
-    """Weights only: a checkpoint_step_N folder or an exported folder."""
+    """Weights only: a checkpoint_step_N folder, an exported folder or a Motus checkpoint folder."""
     allow_shape_mismatch: List[str] = field(default_factory=list)
     """Regex patterns of parameter names that may change shape (skipped, left at init)."""
 
@@ -240,6 +240,8 @@ def _check_values(cfg, source):
         (0 <= td.min_t <= td.max_t <= 1, "model.time_distribution.min_t/max_t", [td.min_t, td.max_t],
          "0 <= min_t <= max_t <= 1"),
         (td.shift > 0, "model.time_distribution.shift", td.shift, "a positive number"),
+        (cfg.model.action_expert.position_scale > 0, "model.action_expert.position_scale",
+         cfg.model.action_expert.position_scale, "a positive number"),
         (td.sigmoid_scale > 0, "model.time_distribution.sigmoid_scale", td.sigmoid_scale, "a positive number"),
         (min(cfg.model.loss_weights.values()) >= 0 and sum(cfg.model.loss_weights.values()) > 0,
          "model.loss_weights", dict(cfg.model.loss_weights), "weights >= 0, not all zero"),
