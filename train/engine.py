@@ -53,6 +53,12 @@ def load_deepspeed_config(path, cfg, world_size):
     stage = ds.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2):
         raise ValueError(f"{path}: zero_optimization.stage is {stage}; this recipe supports ZeRO 0, 1 and 2")
+    # The non-finite step guard (Engine.micro_step) relies on DeepSpeed skipping an update whose
+    # global gradient norm is not finite: these two switches turn that off.
+    for section, key in (("bf16", "check_grad_overflow"), ("zero_optimization", "compute_grad_norm")):
+        if ds.get(section, {}).get(key, True) is False:
+            raise ValueError(f"{path}: '{section}.{key}' is false; remove it: a step with a non-finite loss "
+                             "or gradient must be skipped, which needs DeepSpeed's gradient check")
     ds.setdefault("steps_per_print", 10**9)  # our own metrics log; keep DeepSpeed quiet
     return ds
 
@@ -79,8 +85,21 @@ def make_accelerator(ds_config, timeout_minutes):
     )
 
 
+def poison_nonfinite(loss):
+    """The loss to back-propagate: itself when finite (times exactly 1.0), else with every gradient
+    made NaN. A non-finite loss on one rank then makes the globally reduced gradients, and so the
+    global gradient norm, non-finite on every rank: the one norm check that skips the update
+    (DeepSpeed's, or ours under DDP) covers a bad loss too, with no extra collective or host sync."""
+    scale = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan")).to(loss.dtype)
+    return loss * scale
+
+
 class Engine:
-    """Runs micro-steps and optimizer steps; saves and loads model + optimizer state."""
+    """Runs micro-steps and optimizer steps; saves and loads model + optimizer state.
+
+    A step whose loss or gradient norm is not finite on any rank updates nothing on any rank:
+    `optimizer_step` then reports it as skipped (see `poison_nonfinite`).
+    """
 
     def __init__(self, accelerator, model, optimizer, cfg):
         self.accelerator = accelerator
@@ -112,27 +131,62 @@ class Engine:
         if self.deepspeed:
             self.ds.set_gradient_accumulation_boundary(is_last)
             out = self.model(inputs)
-            self.ds.backward(out["loss"])  # DeepSpeed divides by gradient_accumulation_steps
-            self.ds.step()  # a no-op except at the boundary: clip, update, zero grads
+            self.ds.backward(poison_nonfinite(out["loss"]))  # DeepSpeed divides by gradient_accumulation_steps
+            if is_last and not self.ds.zero_optimization():
+                self._drop_nonfinite_grads()
+            # a no-op except at the boundary: clip, update, zero grads; ZeRO-1/2 (and DeepSpeed's bf16
+            # optimizer) skip the update when the global gradient norm is not finite
+            self.ds.step()
             return out
         sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(self.model)
         with sync:
             out = self.model(inputs)
-            self.accelerator.backward(out["loss"] / self.grad_accum)
+            self.accelerator.backward(poison_nonfinite(out["loss"]) / self.grad_accum)
         return out
 
+    def _drop_nonfinite_grads(self):
+        """DeepSpeed without ZeRO in fp32 steps the client optimizer as it is: drop non-finite gradients
+        (whole and identical on every rank after the all-reduce), so that it updates no parameter."""
+        if self.ds.bfloat16_enabled() or self.ds.fp16_enabled():
+            return  # DeepSpeed's own low-precision optimizers check the norm themselves
+        grads = [p.grad for g in self.base_optimizer.param_groups for p in g["params"] if p.grad is not None]
+        # one flag read: whether step() may run is decided on the host (as DeepSpeed's check does)
+        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)).item():
+            for g in self.base_optimizer.param_groups:
+                for p in g["params"]:
+                    p.grad = None
+            self.ds.skipped_steps += 1
+            self._stage0_skipped = True
+
     def optimizer_step(self):
-        """Finish the update after the last micro-step; return the pre-clip gradient norm (a tensor
-        or a number: it is read back to the host only when it is logged)."""
+        """Finish the update after the last micro-step. Returns (the pre-clip gradient norm, skipped):
+        the norm is a tensor or a number, read back to the host only when it is logged; `skipped`
+        (a bool, the same on every rank) says the update was not applied because the loss or the
+        gradient norm was not finite on some rank."""
         if self.deepspeed:
             norm = self.ds.get_global_grad_norm()
-            return norm if norm is not None else float("nan")
+            skipped = not self.ds.was_step_applied() or getattr(self, "_stage0_skipped", False)
+            self._stage0_skipped = False
+            return (norm if norm is not None else float("nan")), skipped
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = self.clip if self.clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        self.optimizer.step()
+        # One small flag read per step, unavoidable: whether optimizer.step() runs is host control
+        # flow. The norm is global (DDP's gradients are all-reduced), so every rank decides the same.
+        skipped = not torch.isfinite(norm).item()
+        if not skipped:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        return norm, skipped
+
+    @torch.no_grad()
+    def weights_finite(self):
+        """Collective: True on every rank when every rank's parameters are all finite (read at a save)."""
+        flags = [torch.isfinite(p).all() for p in self.unwrapped_model().parameters()]
+        bad = (~torch.stack(flags).all()).float().reshape(1) if flags else torch.zeros(1, device=self.device)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        return not bool(bad.item())
 
     def train(self):
         self.model.train()
@@ -146,7 +200,15 @@ class Engine:
         layout that lets a checkpoint move to another world size (checkpoint/zero.py)."""
         engine_dir = os.path.join(directory, "engine")
         if self.deepspeed:
-            self.ds.save_checkpoint(directory, tag="engine", exclude_frozen_parameters=True)
+            try:
+                self.ds.save_checkpoint(directory, tag="engine", exclude_frozen_parameters=True)
+            except Exception:
+                # A write failed on this rank (a full disk): its writes come after save_checkpoint's
+                # last collective but one, the closing barrier, which the other ranks are waiting in.
+                # Meet them there, so that the caller's agreement on the failure is the next collective.
+                if torch.distributed.is_initialized():
+                    torch.distributed.barrier()
+                raise
             save_layout(self.ds, engine_dir)
             return
         if self.accelerator.is_main_process:

@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
 from train.config import check_launch, config_stem, load_config, save_config  # noqa: E402
 from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
+from train.guard import NonFiniteGuard, check_weights_before_save, health, run_guarded  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
 from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
@@ -134,10 +135,13 @@ def main(argv=None):
     samples_per_step = micro_batch * ga * world_size
     log.info("run directory: %s", run_dir)
 
+    guard = NonFiniteGuard(state, cfg.training.max_nonfinite_steps)
+
     def save(step):
+        check_weights_before_save(engine, step, run_dir)  # never a checkpoint of non-finite weights
         trainer_state = {**state.state_dict(), "world_size": world_size, "data": stream.state_dict(),
                          "schedule": schedule.state_dict()}
-        return checkpointer.save(step, engine, trainer_state, stats)
+        return checkpointer.save(step, engine, trainer_state, stats, health(guard))
 
     engine.train()
     window_start, window_steps, loss_sum = time.perf_counter(), 0, {}
@@ -151,7 +155,8 @@ def main(argv=None):
             out = engine.micro_step(inputs, is_last=micro == ga - 1)
             for k in ("loss", "video_loss", "action_loss"):
                 loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
-        grad_norm = engine.optimizer_step()
+        grad_norm, skipped = engine.optimizer_step()
+        guard.after_step(step, skipped, loss_sum, grad_norm)
         state.step, state.samples_seen = step, state.samples_seen + samples_per_step
         window_steps += 1
 
@@ -168,6 +173,7 @@ def main(argv=None):
             metrics.progress(step, record)
             window_start, window_steps = time.perf_counter(), 0
         loss_sum = {}
+        guard.check()  # too many non-finite steps in a row: stop without saving
         preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
         if step % cfg.system.save_interval == 0 or is_last or preempted:
             path = save(step)
@@ -183,4 +189,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_guarded(main)
