@@ -15,6 +15,7 @@ Layout of `{run_dir}/checkpoint_step_{N}/`:
 A save that fails on any rank (a full disk) fails on every rank with one CheckpointSaveError,
 after the partial folder is removed; older checkpoints and `latest` are never touched.
 """
+import contextlib
 import errno
 import glob
 import hashlib
@@ -45,9 +46,9 @@ class CheckpointSaveError(RuntimeError):
     """A save failed on some rank; raised on every rank, after the partial save was removed."""
 
 
-def _fsync_write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
+def _fsync_write(path, data):
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
@@ -311,15 +312,18 @@ class Checkpointer:
         if not dist.is_main():
             return
         raw = manifest_bytes(step, files, health)
-        with open(os.path.join(tmp, MANIFEST), "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
+        _fsync_write(os.path.join(tmp, MANIFEST), raw)
         _fsync_write(os.path.join(tmp, MARKER), f"{step}\nmanifest {hashlib.sha256(raw).hexdigest()}\n")
         # `latest` is prepared before the rename: after it, nothing is left to write
         _fsync_write(os.path.join(self.run_dir, "latest.tmp"), os.path.basename(final) + "\n")
-        os.replace(tmp, final)
-        os.replace(os.path.join(self.run_dir, "latest.tmp"), os.path.join(self.run_dir, "latest"))
+        os.replace(tmp, final)  # the save has succeeded: `auto` finds complete checkpoints by name
+        try:
+            os.replace(os.path.join(self.run_dir, "latest.tmp"), os.path.join(self.run_dir, "latest"))
+        except OSError as e:
+            log.warning("%s is saved, but `latest` could not be updated (%s); it still names an older one",
+                        final, e)
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.run_dir, "latest.tmp"))
 
     def warn_if_short_of_space(self, step, after=None):
         """Warn (rank 0) when the free space is less than the newest checkpoint's size."""

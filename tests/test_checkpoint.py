@@ -88,9 +88,9 @@ def test_complete_save_layout(tmp_path):
 # Moments of the second save (step 20) at which the process is killed: while the engine writes
 # its shards, while the trainer state / marker are written, at the rename, at the `latest` update,
 # and while retention deletes the oldest checkpoint.
-# (fsync_write: 1 trainer state, 2 config, 3 marker, 4 latest; replace: 1 rename, 2 latest; rmtree: 1
-# stale temporary folder, 2 retention.)
-KILL_POINTS = [("shard", 2), ("fsync_write", 3), ("replace", 1), ("fsync_write", 4), ("replace", 2),
+# (fsync_write: 1 trainer state, 2 config, 3 manifest, 4 marker, 5 latest; replace: 1 rename, 2 latest;
+# rmtree: 1 stale temporary folder, 2 retention.)
+KILL_POINTS = [("shard", 2), ("fsync_write", 4), ("replace", 1), ("fsync_write", 5), ("replace", 2),
                ("rmtree", 2)]
 
 
