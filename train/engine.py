@@ -78,8 +78,10 @@ def make_accelerator(ds_config, timeout_minutes):
     _single_process_env()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    # cpu=True would silently drop DeepSpeed; the backend choice is what makes CPU work.
+    # cpu=True would silently drop DeepSpeed; the backend choice is what makes CPU work. Without
+    # DeepSpeed on CPU it is what makes accelerate wrap the model in DDP (else every rank trains alone).
     return Accelerator(
+        cpu=not ds_config and not torch.cuda.is_available(),
         deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config) if ds_config else None,
         kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=timedelta(minutes=timeout_minutes))],
     )
@@ -171,9 +173,13 @@ class Engine:
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = self.clip if self.clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        # One small flag read per step, unavoidable: whether optimizer.step() runs is host control
-        # flow. The norm is global (DDP's gradients are all-reduced), so every rank decides the same.
-        skipped = not torch.isfinite(norm).item()
+        # The norm is global (DDP's gradients are all-reduced); the ranks still agree on a flag, so that
+        # no rank can step alone. One small flag read per step, unavoidable: whether optimizer.step()
+        # runs is host control flow.
+        bad = (~torch.isfinite(norm)).float().reshape(1)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        skipped = bool(bad.item())
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
