@@ -108,6 +108,7 @@ class Engine:
         self.grad_accum = cfg.training.gradient_accumulation_steps
         self.clip = cfg.training.grad_clip_norm
         self.deepspeed = accelerator.state.deepspeed_plugin is not None
+        self._stage0_skipped = False  # DeepSpeed without ZeRO: this step's gradients were dropped
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         if self.deepspeed:
             self.ds = self.model  # the DeepSpeedEngine
@@ -167,7 +168,7 @@ class Engine:
         gradient norm was not finite on some rank."""
         if self.deepspeed:
             norm = self.ds.get_global_grad_norm()
-            skipped = not self.ds.was_step_applied() or getattr(self, "_stage0_skipped", False)
+            skipped = not self.ds.was_step_applied() or self._stage0_skipped
             self._stage0_skipped = False
             return (norm if norm is not None else float("nan")), skipped
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
