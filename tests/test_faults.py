@@ -375,12 +375,16 @@ def test_divergence_stops_the_run_without_saving(tmp_path):
 
 @pytest.mark.distributed
 def test_disk_full_during_a_real_save(small_disk):
-    result = train(small_disk, 2, "full", ["training.optimizer=adamw"], check=False)
+    """Checkpoints of about 4.7 MB on 12 MB, two kept: the third save (step 6) cannot fit."""
+    result = train(small_disk, 2, "full", ["system.save_interval=2", "system.total_limit=2"], check=False)
     log = result.stdout + result.stderr
     assert f"exitcode  : {SAVE_FAILED_EXIT_CODE}" in log, log[-3000:]
     assert log.count("error: no space left on tmpfs") == 1 and "basic_ios" not in log, log[-3000:]
+    assert "checkpoint_step_6" in log.split("error: no space left on tmpfs")[1].split("\n")[0]
+    assert "will likely fail" in log  # warned after the save of step 4
     run = run_dir(small_disk, "full")
     assert sorted(n for n in os.listdir(run) if n.startswith((".", "checkpoint", "latest"))) == \
-        ["checkpoint_step_3", "latest"]
-    assert ck.verify(os.path.join(run, "checkpoint_step_3")) == []
+        ["checkpoint_step_2", "checkpoint_step_4", "latest"]
+    assert open(os.path.join(run, "latest")).read().strip() == "checkpoint_step_4"
+    assert all(ck.verify(p) == [] for p in ck.complete_checkpoints(run))
     shutil.rmtree(run)
