@@ -389,3 +389,47 @@ def test_disk_full_during_a_real_save(small_disk):
     assert open(os.path.join(run, "latest")).read().strip() == "checkpoint_step_4"
     assert all(ck.verify(p) == [] for p in ck.complete_checkpoints(run))
     shutil.rmtree(run)
+
+
+# DeepSpeed without ZeRO (stage 0, fp32) steps the client optimizer itself: the engine drops the
+# non-finite gradients first. One process, a linear model, AdamW.
+@pytest.mark.distributed
+def test_deepspeed_stage0_skips_a_nonfinite_step(tmp_path):
+    code = f"""
+import json, sys, torch
+sys.path.insert(0, {ROOT!r})
+from omegaconf import OmegaConf
+from train.config import Config
+from train.engine import Engine, load_deepspeed_config, make_accelerator
+cfg = OmegaConf.structured(Config)
+cfg.training.batch_size = 4
+ds = json.load(open("configs/zero2.json"))
+ds["zero_optimization"] = {{"stage": 0}}
+json.dump(ds, open(sys.argv[1], "w"))
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+    def forward(self, inputs):
+        return {{"loss": self.lin(inputs["x"]).pow(2).mean() * inputs["scale"]}}
+
+torch.manual_seed(0)
+net = Net()
+eng = Engine(make_accelerator(load_deepspeed_config(sys.argv[1], cfg, 1), 5), net,
+             torch.optim.AdamW(net.parameters(), lr=0.1), cfg)
+out = []
+for scale in (1.0, float("nan"), float("inf"), 1.0):
+    before = [p.detach().clone() for p in eng.unwrapped_model().parameters()]
+    eng.micro_step({{"x": torch.randn(4, 4), "scale": torch.tensor(scale)}}, is_last=True)
+    _, skipped = eng.optimizer_step()
+    after = list(eng.unwrapped_model().parameters())
+    out.append([skipped, all(torch.equal(a, b) for a, b in zip(before, after))])
+print("RESULT", json.dumps(out), eng.ds.skipped_steps)
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "z0.json")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results, skipped_steps = r.stdout.split("RESULT")[1].rsplit(" ", 1)
+    assert json.loads(results) == [[False, False], [True, True], [True, True], [False, False]]
+    assert int(skipped_steps) == 2  # DeepSpeed's own counter agrees

@@ -114,6 +114,8 @@ class Engine:
             self.ds = self.model  # the DeepSpeedEngine
             base = self.ds.optimizer.optimizer if hasattr(self.ds.optimizer, "optimizer") else self.ds.optimizer
             self.base_optimizer = base
+            if not self.ds.zero_optimization():
+                self._guard_client_step()
         else:
             self.base_optimizer = optimizer
 
@@ -136,7 +138,7 @@ class Engine:
             out = self.model(inputs)
             self.ds.backward(poison_nonfinite(out["loss"]))  # DeepSpeed divides by gradient_accumulation_steps
             if is_last and not self.ds.zero_optimization():
-                self._drop_nonfinite_grads()
+                self._check_stage0_grads()
             # a no-op except at the boundary: clip, update, zero grads; ZeRO-1/2 (and DeepSpeed's bf16
             # optimizer) skip the update when the global gradient norm is not finite
             self.ds.step()
@@ -147,19 +149,26 @@ class Engine:
             self.accelerator.backward(poison_nonfinite(out["loss"]) / self.grad_accum)
         return out
 
-    def _drop_nonfinite_grads(self):
-        """DeepSpeed without ZeRO in fp32 steps the client optimizer as it is: drop non-finite gradients
-        (whole and identical on every rank after the all-reduce), so that it updates no parameter."""
+    def _check_stage0_grads(self):
+        """DeepSpeed without ZeRO in fp32 steps the client optimizer as it is, unchecked: when the
+        gradients (whole, and the same on every rank after the all-reduce) are not finite, the
+        client optimizer's step is suppressed for this step (see `_guard_client_step`)."""
         if self.ds.bfloat16_enabled() or self.ds.fp16_enabled():
             return  # DeepSpeed's own low-precision optimizers check the norm themselves
         grads = [p.grad for g in self.base_optimizer.param_groups for p in g["params"] if p.grad is not None]
-        # one flag read: whether step() may run is decided on the host (as DeepSpeed's check does)
+        # one flag read: whether the update runs is decided on the host (as DeepSpeed's check does)
         if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)).item():
-            for g in self.base_optimizer.param_groups:
-                for p in g["params"]:
-                    p.grad = None
-            self.ds.skipped_steps += 1
             self._stage0_skipped = True
+            self.ds.skipped_steps += 1  # DeepSpeed counts the step as taken; its skip counter agrees
+
+    def _guard_client_step(self):
+        """Let `_check_stage0_grads` suppress one step of the client optimizer (DeepSpeed stage 0
+        clips, steps and zeroes the gradients itself: its counters stay as for any step)."""
+        step = self.base_optimizer.step
+
+        def guarded(*args, **kwargs):
+            return None if self._stage0_skipped else step(*args, **kwargs)
+        self.base_optimizer.step = guarded
 
     def optimizer_step(self):
         """Finish the update after the last micro-step. Returns (the pre-clip gradient norm, skipped):
