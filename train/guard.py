@@ -29,8 +29,9 @@ class NonFiniteGuard:
     """Counts skipped steps (in the trainer state's `skipped_nonfinite_steps`, logged to metrics.jsonl)
     and stops the run after `max_consecutive` in a row."""
 
-    def __init__(self, state, max_consecutive):
+    def __init__(self, state, max_consecutive, device="cpu"):
         self.state = state
+        self.device = device  # the one the process group serves (NCCL: the GPU)
         self.max_consecutive = max_consecutive
         self.consecutive = 0
         self.error = None
@@ -48,7 +49,7 @@ class NonFiniteGuard:
         self.state.skipped_nonfinite_steps += 1
         self.consecutive += 1
         # read back only on a skipped step (rare); averaged over ranks, so a rank's NaN shows
-        losses = dist.mean_across_ranks({k: v.item() for k, v in loss_sum.items()})
+        losses = dist.mean_across_ranks({k: v.item() for k, v in loss_sum.items()}, self.device)
         terms = ", ".join(f"{k}={v:.4g}" for k, v in losses.items())
         if dist.is_main():
             log.warning("step %d: non-finite loss or gradient norm on some rank (%s, grad_norm=%s): the update "

@@ -135,7 +135,7 @@ def main(argv=None):
     samples_per_step = micro_batch * ga * world_size
     log.info("run directory: %s", run_dir)
 
-    guard = NonFiniteGuard(state, cfg.training.max_nonfinite_steps)
+    guard = NonFiniteGuard(state, cfg.training.max_nonfinite_steps, engine.device)
 
     def save(step):
         check_weights_before_save(engine, step, run_dir)  # never a checkpoint of non-finite weights
