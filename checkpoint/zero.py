@@ -14,21 +14,26 @@ At load time `reshard_if_needed(engine, engine_dir)` returns False when the worl
 same (then `engine.load_checkpoint` does the job) and otherwise loads the checkpoint itself:
 this rank reads only the old slices that overlap its new partition (memory-mapped).
 
-`python -m checkpoint.zero <checkpoint_step_N>` prints what a checkpoint holds and
+`python -m checkpoint describe <checkpoint_step_N>` prints what a checkpoint holds and
 checks that every parameter can be rebuilt (no conversion command is needed: the slice a rank
 owns depends on the optimizer's order at the new world size, known only once it is built).
 """
-import argparse
 import glob
 import json
 import os
-import sys
+import re
 
 import torch
 
 LAYOUT_FILE = "zero_layout.json"
 LAYOUT_FORMAT = 1
 MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
+
+
+def shard_rank(name):
+    """The rank that wrote DeepSpeed file `name` (its ZeRO optimizer shard), or None (rank 0's files)."""
+    m = re.search(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$", name)
+    return int(m.group(1)) if m else None
 
 
 class CheckpointConvertError(RuntimeError):
@@ -367,19 +372,3 @@ def describe(checkpoint_dir):
                      f"state {['fp32'] + elementwise}, scalars {shown}")
     lines.append("  every tensor is readable: resume at any world size with resume.checkpoint_path")
     return "\n".join(lines)
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint_dir", help="a checkpoint_step_N folder")
-    args = parser.parse_args(argv)
-    if not os.path.isdir(os.path.join(args.checkpoint_dir, "engine")):
-        sys.exit(f"{args.checkpoint_dir}: expected a checkpoint_step_N folder with an engine/ subfolder")
-    try:
-        print(describe(args.checkpoint_dir))
-    except CheckpointConvertError as e:
-        sys.exit(str(e))
-
-
-if __name__ == "__main__":
-    main()

@@ -19,8 +19,10 @@ _ARGUMENT = {"momentum": "muon_momentum", "include": "muon_include", "exclude": 
 
 def muon_arguments(muon_cfg):
     """MuonAdamW's Muon arguments from a `training.muon` section (DictConfig or MuonConfig)."""
-    values = OmegaConf.to_container(OmegaConf.structured(muon_cfg))
-    return {_ARGUMENT.get(f.name, f.name): values[f.name] for f in dataclasses.fields(MuonConfig)}
+    def plain(value):  # lists arrive as OmegaConf ListConfig from a DictConfig
+        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+    return {_ARGUMENT.get(f.name, f.name): plain(getattr(muon_cfg, f.name)) for f in dataclasses.fields(MuonConfig)}
 
 
 def build_optimizer(named_parameters, training_cfg, world_size, fused_adamw=False):

@@ -232,8 +232,9 @@ def test_plain_optimizer_state_follows_names_across_orders(tmp_path):
 
 
 def test_describe_reads_every_shard(runs, capsys):
-    from checkpoint.zero import ShardReader, main
-    main([os.path.join(runs, "train", "2-adamw")])
+    from checkpoint.__main__ import main
+    from checkpoint.zero import ShardReader
+    assert main(["describe", os.path.join(runs, "train", "2-adamw")]) == 0
     text = capsys.readouterr().out
     assert "written by 2 ranks, ZeRO stage 2" in text and "exp_avg_sq" in text
     reader = ShardReader(os.path.join(runs, "train", "2-adamw", "engine"))

@@ -97,8 +97,9 @@ def _worker(rank, port):
             assert dist.fail_together(lambda: rank) == rank
             loss = {"loss": torch.tensor(2.0 + rank, device=f"cuda:{rank}"),
                     "video_loss": torch.tensor(1.0 * rank, device=f"cuda:{rank}")}
-            record = make_record(3, loss, 0.5, [{"name": "adamw"}], [1e-3], None, TrainerState(3, 12),
-                                 1.0, 1.0, 0)
+            record = make_record(step=3, loss_sum=loss, grad_norm=0.5, param_groups=[{"name": "adamw"}],
+                                 lrs=[1e-3], val=None, state=TrainerState(3, 12), samples_per_sec=1.0,
+                                 step_time=1.0, skipped=0)
             assert record["loss"] == pytest.approx(2.5) and record["video_loss"] == pytest.approx(0.5)
             assert dist.mean_across_ranks({"a": float(rank)}) == {"a": pytest.approx(0.5)}
         assert seen and all(d == torch.device("cuda", rank) for d in seen), seen

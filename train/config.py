@@ -75,6 +75,9 @@ class TrainingConfig:
     """cosine: the lr reached at max_steps."""
     grad_clip_norm: float = 1.0
     """Global gradient norm clip (DeepSpeed `gradient_clipping`); 0 disables."""
+    max_nonfinite_steps: int = 5
+    """A step with a non-finite loss or gradient norm on any rank is skipped (counted as
+    skipped_nonfinite_steps); after this many in a row the run stops with exit code 76, without saving."""
     seed: int = 42
     """Seeds initialisation, data order and the per-sample noise."""
 
@@ -196,6 +199,7 @@ POSITIVE_INTS = (
     "common.action_dim", "common.state_dim", "common.num_video_frames", "common.video_height",
     "common.video_width", "common.global_downsample_rate", "common.video_action_freq_ratio",
     "training.batch_size", "training.gradient_accumulation_steps", "training.max_steps",
+    "training.max_nonfinite_steps",
     "training.muon.ns_steps", "training.muon.moe_num_experts", "training.muon.moe_top_k",
     "system.log_interval", "system.save_interval", "system.val_interval", "system.val_batches",
     "system.dist_timeout_minutes", "model.inference.num_inference_timesteps",

@@ -13,12 +13,15 @@ class TrainerState:
     step: int = 0
     """Optimizer updates taken."""
     samples_seen: int = 0
+    skipped_nonfinite_steps: int = 0
+    """Steps whose update was skipped: a non-finite loss or gradient norm on some rank (train/guard.py)."""
 
     def state_dict(self):
         return asdict(self)
 
     def load_state_dict(self, sd):
         self.step, self.samples_seen = int(sd["step"]), int(sd["samples_seen"])
+        self.skipped_nonfinite_steps = int(sd.get("skipped_nonfinite_steps", 0))  # older checkpoints: none
 
 
 def seed_everything(seed, rank):
@@ -35,13 +38,13 @@ def noise_seeds(seed, step, batch):
     return (seed * 1_000_003 + step) * 1_000_000_007 + ep * 1_000_003 + frame
 
 
-def make_record(step, loss_sum, grad_norm, param_groups, lrs, val, state, samples_per_sec, step_time, skipped):
+def make_record(*, step, loss_sum, grad_norm, param_groups, lrs, val, state, samples_per_sec, step_time, skipped):
     """One metrics.jsonl record; the losses (device tensors) are averaged over ranks and read back here."""
     record = {"step": step, **dist.mean_across_ranks(loss_sum),
               "grad_norm": float(grad_norm),
               "lr": {g.get("name", str(i)): lr for i, (g, lr) in enumerate(zip(param_groups, lrs))},
               "samples_per_sec": samples_per_sec, "step_time": step_time, "samples_seen": state.samples_seen,
-              "skipped_samples": skipped}
+              "skipped_samples": skipped, "skipped_nonfinite_steps": state.skipped_nonfinite_steps}
     record.update({f"val_{k}": v for k, v in (val or {}).items()})
     return record
 

@@ -16,15 +16,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
 from train.config import check_launch, config_stem, load_config, save_config  # noqa: E402
 from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
+from train.guard import NonFiniteGuard, check_weights_before_save, health, run_guarded  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
 from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
 from utils import dist  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
-from utils.metrics import Metrics  # noqa: E402
+from utils.metrics import Metrics, quiet_library_bars  # noqa: E402
 from utils.quiet import silence_known_warnings  # noqa: E402
 from utils.schedule import LRSchedule  # noqa: E402
-from utils.metrics import quiet_library_bars  # noqa: E402
 from utils.wandb_setup import check_wandb_login  # noqa: E402
 
 log = logging.getLogger("train")
@@ -140,10 +140,13 @@ def main(argv=None):
     samples_per_step = micro_batch * ga * world_size
     log.info("run directory: %s", run_dir)
 
+    guard = NonFiniteGuard(state, cfg.training.max_nonfinite_steps, engine.device)
+
     def save(step):
+        check_weights_before_save(engine, step, run_dir)  # never a checkpoint of non-finite weights
         trainer_state = {**state.state_dict(), "world_size": world_size, "data": stream.state_dict(),
                          "schedule": schedule.state_dict()}
-        return checkpointer.save(step, engine, trainer_state, stats)
+        return checkpointer.save(step, engine, trainer_state, stats, health(guard))
 
     engine.train()
     window_start, window_steps, loss_sum = time.perf_counter(), 0, {}
@@ -157,7 +160,8 @@ def main(argv=None):
             out = engine.micro_step(inputs, is_last=micro == ga - 1)
             for k in ("loss", "video_loss", "action_loss"):
                 loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
-        grad_norm = engine.optimizer_step()
+        grad_norm, skipped = engine.optimizer_step()
+        guard.after_step(step, skipped, loss_sum, grad_norm)
         state.step, state.samples_seen = step, state.samples_seen + samples_per_step
         window_steps += 1
 
@@ -168,12 +172,14 @@ def main(argv=None):
             metrics.add_figures(step, *(pictures or ({}, {})))
         if step % cfg.system.log_interval == 0 or val is not None or is_last:
             elapsed = time.perf_counter() - window_start
-            record = make_record(step, loss_sum, grad_norm, engine.param_groups, lrs, val, state,
-                                 samples_per_step * window_steps / elapsed, elapsed / window_steps, stream.skipped)
+            record = make_record(step=step, loss_sum=loss_sum, grad_norm=grad_norm, param_groups=engine.param_groups,
+                                 lrs=lrs, val=val, state=state, samples_per_sec=samples_per_step * window_steps / elapsed,
+                                 step_time=elapsed / window_steps, skipped=stream.skipped)
             metrics.log(record)
             metrics.progress(step, record)
             window_start, window_steps = time.perf_counter(), 0
         loss_sum = {}
+        guard.check()  # too many non-finite steps in a row: stop without saving
         preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
         if step % cfg.system.save_interval == 0 or is_last or preempted:
             path = save(step)
@@ -189,4 +195,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_guarded(main)
