@@ -22,9 +22,10 @@ from typing import List, Tuple
 
 import torch
 
+from checkpoint.checkpointer import MARKER, quick_check
+from checkpoint.manifest import check_digests
 from models.convert_motus import MOTUS_LAYOUTS, MotusConvertError, convert_for_model, motus_states_file
 from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_state_dict
-from checkpoint.checkpointer import MARKER
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ def read_weights(path, key="finetune.checkpoint_path"):
     if in_checkpoint and not os.path.isfile(os.path.join(path, MARKER)):
         raise FinetuneError(f"{key} '{path}' has no {MARKER} marker: its save was interrupted; "
                             "pick a complete checkpoint")
+    if in_checkpoint:
+        _verify_weights(path, in_checkpoint[0], key)
     if os.path.isfile(os.path.join(path, DEEPSPEED_WEIGHTS)):
         saved = _load_torch(os.path.join(path, DEEPSPEED_WEIGHTS), key)
         if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
@@ -94,6 +97,18 @@ def read_weights(path, key="finetune.checkpoint_path"):
         except Exception as e:  # a truncated or foreign file: name the folder
             raise FinetuneError(f"{key}: could not read the weights in '{path}': {e}") from e
     raise FinetuneError(f"{key} '{path}' holds no weights; expected {EXPECTED}")
+
+
+def _verify_weights(path, rel, key):
+    """The weights file against the checkpoint's manifest (size and checksum): only that file, so a
+    fine-tune or an export does not read the optimizer state it does not need."""
+    manifest, problems = quick_check(path)  # manifest None: damaged (problems say so) or a pre-manifest save
+    if manifest is not None:
+        problems = [p for p in problems if p.startswith(os.path.join(path, rel))]
+        problems = problems or check_digests(path, manifest, [rel])
+    if problems:
+        raise FinetuneError(f"{key} '{path}' fails verification: {'; '.join(problems)}; pick another "
+                            "checkpoint (python -m checkpoint verify lists every damaged file)")
 
 
 def _read_motus(model, path, allow_shape_mismatch):
