@@ -33,6 +33,16 @@ class BatchingServer:
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)  # one model call at a time
 
     async def handle(self, websocket):
+        from websockets.exceptions import ConnectionClosed
+
+        log.info("client %s connected", websocket.remote_address)
+        try:
+            await self.answer(websocket)
+        except ConnectionClosed:  # the robot went away, cleanly or not: nothing to answer
+            pass
+        log.info("client %s disconnected", websocket.remote_address)
+
+    async def answer(self, websocket):
         await websocket.send(msgpack_numpy.packb(self.policy.metadata()))
         async for message in websocket:
             start = time.perf_counter()
