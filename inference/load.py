@@ -107,7 +107,7 @@ def load_recipe(folder, config=None, overrides=()):
     return cfg, spec
 
 
-def load_stats(folder, cfg):
+def load_stats(folder):
     from data.normalize import NormStats
 
     path = os.path.join(folder, NORM_STATS)
@@ -139,7 +139,7 @@ def load_checkpoint(path, config=None, overrides=(), device="cpu"):
 
     folder = resolve_checkpoint(path)
     cfg, spec = load_recipe(folder, config, overrides)
-    stats = load_stats(folder, cfg)
+    stats = load_stats(folder)
     try:
         weights = read_weights(folder, key="--checkpoint")
     except (FinetuneError, ModelLoadError) as e:
