@@ -140,6 +140,8 @@ def main(argv=None):
         asyncio.run(server.serve(args.host, args.port))
     except KeyboardInterrupt:
         log.info("stopped")
+    except OSError as e:  # the port is taken, or the host is not an address of this machine
+        sys.exit(f"serve failed: cannot listen on {args.host}:{args.port}: {e}")
 
 
 if __name__ == "__main__":
