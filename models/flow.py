@@ -151,10 +151,12 @@ def flow_losses(model, inputs, generator=None):
 
 
 @torch.no_grad()
-def euler_sample(model, inputs, mode, num_steps, generator=None):
+def euler_sample(model, inputs, mode, num_steps, generator=None, noise=None):
     """Integrate from s=1 to 0 over `linspace(1, 0, num_steps + 1)` for the streams that `mode`
     generates; given streams stay clean, marginal ones stay at pure noise. Latent frame 0
-    is re-imposed after every step. Streams not generated are returned as given (or None)."""
+    is re-imposed after every step. Streams not generated are returned as given (or None).
+    `noise`: (video, actions) starting noise instead of draws from `generator`, so a sample's
+    result need not depend on the batch it is in."""
     if mode not in MODES:
         raise ValueError(f"sample mode '{mode}'; expected one of {', '.join(MODES)}")
     video_role, action_role = MODES[mode]
@@ -166,8 +168,11 @@ def euler_sample(model, inputs, mode, num_steps, generator=None):
         needs = (video_role if name == "video" else action_role) == role
         if needs and (value is None or (name == "video" and value.shape[2] < model.latent_frames)):
             raise ValueError(f"sample mode '{mode}' conditions on the whole {name}; the inputs lack it")
-    x_video = torch.randn(video_shape, device=device, generator=generator)
-    x_action = torch.randn(action_shape, device=device, generator=generator)
+    if noise is None:
+        x_video = torch.randn(video_shape, device=device, generator=generator)
+        x_action = torch.randn(action_shape, device=device, generator=generator)
+    else:
+        x_video, x_action = (n.to(device, torch.float32).clone() for n in noise)
     if video_role == "given":
         x_video = given_video[:, :, :model.latent_frames].clone()
     if action_role == "given":

@@ -139,11 +139,12 @@ class WorldModel(nn.Module):
         """Rectified-flow losses: dict(loss, video_loss, action_loss, noise_level_video, noise_level_action)."""
         return flow_losses(self, inputs, generator)
 
-    def sample(self, inputs, mode, num_steps=None, generator=None):
+    def sample(self, inputs, mode, num_steps=None, generator=None, noise=None):
         """Euler sampling; mode in joint|policy|video|forward_dynamics|inverse_dynamics.
-        Returns dict(video_latents, actions) with actions normalised (as the data gives them)."""
+        Returns dict(video_latents, actions) with actions normalised (as the data gives them).
+        `noise`: optional starting noise (video [B, z, latent_frames, h, w], actions [B, chunk, dim])."""
         steps = num_steps or self.settings.inference.num_inference_timesteps
-        return euler_sample(self, inputs, mode, steps, generator)
+        return euler_sample(self, inputs, mode, steps, generator, noise)
 
     # ---- export ----------------------------------------------------------------------------
     def save_pretrained(self, directory, max_shard_bytes=serialization.DEFAULT_SHARD_BYTES):

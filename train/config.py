@@ -14,6 +14,7 @@ from typing import List, Optional
 from omegaconf import OmegaConf
 
 from data.config import DatasetConfig
+from inference.config import ServingConfig
 from models.config import ModelConfig
 from optim.config import MuonConfig
 from utils.config import ConfigError, check_choice, load_structured, require
@@ -151,6 +152,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
 
 
@@ -204,6 +206,7 @@ POSITIVE_INTS = (
     "system.log_interval", "system.save_interval", "system.val_interval", "system.val_batches",
     "system.dist_timeout_minutes", "model.inference.num_inference_timesteps",
     "model.action_expert.ffn_dim_multiplier", "model.und_expert.ffn_dim_multiplier",
+    "serving.max_batch_size",
 )
 
 DERIVED = {"common.action_chunk_size": "num_video_frames * video_action_freq_ratio"}
@@ -253,6 +256,7 @@ def _check_values(cfg, source):
         (cfg.system.total_limit is None or cfg.system.total_limit >= 1, "system.total_limit",
          cfg.system.total_limit, "null (keep all) or a positive integer"),
         (cfg.system.num_workers >= 0, "system.num_workers", cfg.system.num_workers, "an integer >= 0"),
+        (cfg.serving.batch_window_ms >= 0, "serving.batch_window_ms", cfg.serving.batch_window_ms, "a number >= 0"),
     ]
     for ok, key, value, expected in rules:
         require(source, ok, key, value, expected)
@@ -265,9 +269,22 @@ def _check_values(cfg, source):
                 f"one non-negative number per dataset_dir entry ({len(dirs)} in all) with a positive sum")
     if d.type == "robotwin" and d.task_mode == "single" and not d.task_name:
         raise ConfigError(f"{source}: 'dataset.task_mode' is single but 'dataset.task_name' is not set")
+    _check_serving(cfg.serving, source)
     if cfg.resume.checkpoint_path is not None and cfg.finetune.checkpoint_path is not None:
         raise ConfigError(f"{source}: 'resume.checkpoint_path' and 'finetune.checkpoint_path' are both "
                           "set; resume continues a run, finetune starts a new one from weights: pick one")
+
+
+def _check_serving(sv, source):
+    keys = list(sv.image_keys) + [sv.state_key, sv.prompt_key]
+    require(source, len(sv.image_keys) > 0, "serving.image_keys", list(sv.image_keys),
+            "at least one observation key (one per recipe camera)")
+    require(source, len(set(keys)) == len(keys) and all(keys), "serving.image_keys/state_key/prompt_key", keys,
+            "distinct, non-empty observation keys")
+    if sv.image_shape is not None:
+        shape = list(sv.image_shape)
+        require(source, len(shape) == 3 and shape[2] == 3 and min(shape) > 0, "serving.image_shape", shape,
+                "null or [H, W, 3] with positive H and W")
 
 
 def check_launch(cfg, world_size, deepspeed):
@@ -285,9 +302,14 @@ def check_launch(cfg, world_size, deepspeed):
                           "use fp32_mixed without DeepSpeed")
 
 
-def load_config(path, overrides=()):
-    """Load `path` (YAML), apply `key=value` overrides, check every rule, derive; read-only result."""
+def load_config(path, overrides=(), saved=False):
+    """Load `path` (YAML), apply `key=value` overrides, check every rule, derive; read-only result.
+    saved: `path` is a config.yaml written by save_config (a run's or a checkpoint's): its derived
+    fields are recomputed instead of refused."""
     cfg = load_structured(Config, path, overrides)
+    if saved:
+        for key in DERIVED:
+            OmegaConf.update(cfg, key, None)
     _check_values(cfg, path)
     cfg.common.action_chunk_size = cfg.common.num_video_frames * cfg.common.video_action_freq_ratio
     OmegaConf.set_readonly(cfg, True)
