@@ -2,10 +2,10 @@
 
     python benchmarks/optimizer_overhead.py [--quick] [--world-sizes 1 2] [--stages 1 2]
 
-Model: an action-expert-style stack (DESIGN.md section 10: hidden 512, 8 blocks of q/k/v/o
-and a 4x FFN, plus a 2-layer time MLP: 50 Muon matrices, ~25M parameters); --quick uses
-hidden 256 and 4 blocks. For every world size W (one set of W processes, gloo on CPU,
-NCCL when GPUs are present) and ZeRO stage, it measures side by side:
+Model: an action-expert-style stack (hidden 512, 8 blocks of q/k/v/o and a 4x FFN, plus a
+2-layer time MLP: 50 Muon matrices, ~25M parameters); --quick uses hidden 256 and 4 blocks.
+For every world size W (one set of W processes, gloo on CPU, NCCL when GPUs are present)
+and ZeRO stage, it measures side by side:
 - step_s: full training step (forward, backward, engine.step) of the slowest rank, the
   fastest of the timed rounds (each round runs one step of every variant in turn);
 - t_ns_all: Newton-Schulz on every Muon matrix on one rank (same kernel as ours);
@@ -17,7 +17,8 @@ NCCL when GPUs are present) and ZeRO stage, it measures side by side:
 - extra_bytes: bytes per step this rank hands to collectives beyond AdamW's (max over ranks).
 Variants: adamw (torch.optim.AdamW), muon_adamw (ours), deepspeed_muon (`"optimizer":
 {"type": "Muon"}`, ns_method standard) and naive (our update, but every rank all-gathers the
-whole group and orthogonalises every matrix, as OpenDM and LingBot-VLA do).
+whole group and orthogonalises every matrix, as OpenDM and LingBot-VLA do: MuonAdamW with
+`flat_step=gather_all_step`).
 Fairness settings: every variant runs eagerly (TORCHDYNAMO_DISABLE=1: DeepSpeed wraps its
 Newton-Schulz in torch.compile, a C++ JIT build on CPU), DeepSpeed's Muon does its Adam
 half inline (no FusedAdam JIT build), and all Newton-Schulz runs in --ns-dtype (default
@@ -40,9 +41,11 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from optim import MuonAdamW  # noqa: E402
+from optim.config import MuonConfig  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 from optim.newton_schulz import muon_lr, orthogonalize_stacks  # noqa: E402
 from optim.routing import matrix_view, split_params  # noqa: E402
+from optim.update import decay_weights  # noqa: E402
 
 VARIANTS = ("adamw", "muon_adamw", "deepspeed_muon", "naive")
 LR, WD = 1e-3, 0.01
@@ -88,31 +91,23 @@ class ActionStack(torch.nn.Module):
         return self.decoder(x)
 
 
-class GatherAllMuonAdamW(MuonAdamW):
-    """The naive design: every rank all-gathers the whole group and orthogonalises every matrix."""
-
-    def _flat_muon_step(self, group):
-        x = group["params"][0]
-        plan = self._plan(group)
-        state = self.state[x]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(x)
-        buf = state["momentum_buffer"]
-        buf.lerp_(x.grad, 1 - group["momentum"])
-        u = x.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-        full = torch.empty(plan.world * x.numel(), dtype=u.dtype, device=u.device)
-        dist.all_gather_into_tensor(full, u.contiguous(), group=plan.group)
-        stacks = []
-        for e in plan.entries:
-            m = torch.empty(e.numel, dtype=u.dtype, device=u.device)
-            for rank, lp, n, hp in e.pieces:
-                m.narrow(0, lp, n).copy_(full.narrow(0, rank * x.numel() + hp, n))
-            stacks.append(m.view(e.view))
-        x.mul_(1 - group["lr"] * group["weight_decay"])
-        for e, o in zip(plan.entries, orthogonalize_stacks(stacks, group)):
-            for rank, lp, n, hp in e.pieces:
-                if rank == plan.rank:
-                    x.narrow(0, hp, n).add_(o.reshape(-1).narrow(0, lp, n), alpha=-muon_lr(group, e.view))
+def gather_all_step(x, u, group, plan):
+    """The naive design, as MuonAdamW's `flat_step`: every rank all-gathers the whole group's
+    update and orthogonalises every matrix, then applies its own pieces."""
+    full = torch.empty(plan.world * x.numel(), dtype=u.dtype, device=u.device)
+    dist.all_gather_into_tensor(full, u.contiguous(), group=plan.group)
+    stacks = []
+    for e in plan.entries:
+        m = torch.empty(e.numel, dtype=u.dtype, device=u.device)
+        for piece in e.pieces:
+            m.narrow(0, piece.start, piece.numel).copy_(full.narrow(0, piece.rank * x.numel() + piece.offset,
+                                                                    piece.numel))
+        stacks.append(m.view(e.view))
+    decay_weights(x, group)
+    for e, o in zip(plan.entries, orthogonalize_stacks(stacks, group)):
+        for piece in plan.my_pieces(e):
+            x.narrow(0, piece.offset, piece.numel).add_(o.reshape(-1).narrow(0, piece.start, piece.numel),
+                                                        alpha=-muon_lr(group, e.view))
 
 
 class CollectiveBytes:
@@ -153,10 +148,10 @@ def _engine(variant, stage, world, args, device):
     elif variant == "muon_adamw":
         opt = MuonAdamW(model.named_parameters(), **common)
     elif variant == "naive":
-        opt = GatherAllMuonAdamW(model.named_parameters(), **common)
+        opt = MuonAdamW(model.named_parameters(), flat_step=gather_all_step, **common)
     else:
         opt = None
-        config["optimizer"] = {"type": "Muon", "params": {"lr": LR, "momentum": 0.95, "weight_decay": WD,
+        config["optimizer"] = {"type": "Muon", "params": {"lr": LR, "momentum": MuonConfig().momentum, "weight_decay": WD,
                                                           "ns_method": "standard"}}
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config,
                                       model_parameters=model.parameters() if opt is None else None)
@@ -192,9 +187,9 @@ def _sync(device):
 
 def _ns_all(args, device):
     """A callable that orthogonalises every Muon matrix of the model, with our kernel and settings."""
-    muon = split_params(ActionStack(args.hidden, args.blocks).named_parameters())[0]
-    group = dict(ns_coefficients=(3.4445, -4.7750, 2.0315), ns_steps=5, ns_dtype=args.ns_dtype,
-                 ns_method="standard", muon_eps=1e-7)
+    optimizer = MuonAdamW(ActionStack(args.hidden, args.blocks).named_parameters(), ns_dtype=args.ns_dtype,
+                          ns_method="standard")
+    muon, group = optimizer.members("muon"), optimizer.param_groups[0]
     stacks = [torch.randn(matrix_view(p.shape), device=device) for _, p in muon]
     return lambda: orthogonalize_stacks(stacks, group), len(muon)
 
@@ -229,7 +224,7 @@ def _measure(stage, world, rank, args, device, counter):
         out[variant] = dict(step_s=_max_over_ranks(min(times[variant]), device),
                             state_bytes=_max_over_ranks(_state_bytes(engine), device),
                             sent_bytes=_max_over_ranks(sent[variant] / args.steps, device))
-    plans = getattr(engines["muon_adamw"].optimizer.optimizer, "_plans", {})
+    plans = getattr(engines["muon_adamw"].optimizer.optimizer, "plans", {})
     if "muon" in plans:
         loads = plans["muon"].loads
         out["muon_adamw"]["ns_load_balance"] = max(loads) / (sum(loads) / len(loads))

@@ -1,4 +1,5 @@
-"""Crash-safe training checkpoints: write under a temporary name, mark complete, rename.
+"""Crash-safe training checkpoints: write under a temporary name, list every file with its checksum,
+mark complete, rename.
 
 Layout of `{run_dir}/checkpoint_step_{N}/`:
   engine/            model + optimizer state (DeepSpeed shards, or DDP's full state)
@@ -6,11 +7,20 @@ Layout of `{run_dir}/checkpoint_step_{N}/`:
   rng/rank_{r}.pt    python, numpy and torch RNG states of every rank
   config.yaml        the resolved config
   norm_stats.json    the normalisation statistics
-  COMPLETE           written last, before the rename
+  MANIFEST.json      every file above with its size and checksum, and whether the weights and the
+                     last loss were finite (checkpoint/manifest.py)
+  COMPLETE           written last, before the rename: the step and the manifest's checksum
 `{run_dir}/latest` names the newest complete checkpoint.
+
+A save that fails on any rank (a full disk) fails on every rank with one CheckpointSaveError,
+after the partial folder is removed; older checkpoints and `latest` are never touched.
 """
+import contextlib
+import errno
 import glob
+import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -20,15 +30,25 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from checkpoint import disk
+from checkpoint.manifest import (MANIFEST, CheckpointCorrupt, check_digests, check_sizes, digest_files,
+                                 list_files, manifest_bytes, read_manifest, share)
+from checkpoint.zero import shard_rank
 from utils import dist
 
 PREFIX = "checkpoint_step_"
 MARKER = "COMPLETE"
+NOT_LISTED = (MANIFEST, MARKER)
+log = logging.getLogger("checkpoint")
 
 
-def _fsync_write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
+class CheckpointSaveError(RuntimeError):
+    """A save failed on some rank; raised on every rank, after the partial save was removed."""
+
+
+def _fsync_write(path, data):
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
@@ -63,25 +83,137 @@ def set_rng_state(state):
         torch.cuda.set_rng_state(state["cuda"])
 
 
+# --- verification --------------------------------------------------------------------------------
+def read_marker(path):
+    """(step, manifest digest or None for a checkpoint written before manifests) of a checkpoint."""
+    where = os.path.join(path, MARKER)
+    with open(where, errors="replace") as f:
+        lines = f.read().split("\n")
+    if lines[0].strip() != str(_step_of(path)):
+        raise CheckpointCorrupt(f"{where}: says step {lines[0].strip()!r}, the folder is step {_step_of(path)}")
+    for line in lines[1:]:
+        if line.startswith("manifest "):
+            return _step_of(path), line.split()[1]
+        if line.strip():
+            raise CheckpointCorrupt(f"{where}: unexpected line {line.strip()[:40]!r} (the marker is damaged)")
+    return _step_of(path), None
+
+
+def quick_check(path):
+    """(manifest or None for an old checkpoint, problems) without reading the files' contents."""
+    try:
+        _, digest = read_marker(path)
+        if digest is None:
+            return None, []
+        manifest = read_manifest(path, digest)
+        return manifest, check_sizes(path, manifest, NOT_LISTED)
+    except (CheckpointCorrupt, OSError, ValueError) as e:
+        return None, [str(e)]
+
+
+def verify(path, index=0, count=1):
+    """Problems of checkpoint `path` (empty: it is whole). With `count` readers, this one checksums
+    its share of the files; call `verify_together` to have every rank check its own share."""
+    manifest, problems = quick_check(path)
+    if manifest is None or problems:
+        return problems
+    try:
+        return check_digests(path, manifest, share(manifest["files"], index, count))
+    except OSError as e:
+        return [f"{path}: a file cannot be read ({e})"]
+
+
+def _gather(obj):
+    """`obj` of every rank, on every rank (a list), or [obj] without a process group."""
+    if not torch.distributed.is_initialized():
+        return [obj]
+    out = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def verify_together(path):
+    """Collective: every rank checksums a share of the files; all get every problem."""
+    return sorted({p for problems in _gather(verify(path, dist.rank(), dist.world_size())) for p in problems})
+
+
+def health(path):
+    """{"weights_finite", "loss_finite"} recorded at save time, or None (written before manifests)."""
+    manifest, _ = quick_check(path)
+    return manifest["health"] if manifest else None
+
+
+def _healthy(path):
+    h = health(path)
+    return h is None or (h["weights_finite"] and h["loss_finite"])
+
+
+def _warn(message):
+    if dist.is_main():
+        log.warning("%s", message)
+
+
+def newest_verified(run_dir):
+    """Collective. The newest complete checkpoint that passes verification, preferring those whose
+    weights and last loss were finite; None when the run has no complete checkpoint. Skipped ones
+    are reported loudly; when none passes, CheckpointCorrupt says why for each."""
+    found = complete_checkpoints(run_dir)[::-1]
+    found = [p for p in found if _healthy(p)] + [p for p in found if not _healthy(p)]
+    failures = []
+    for path in found:
+        problems = verify_together(path)
+        if problems:
+            failures.append(f"{path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            _warn(f"!!! checkpoint {path} FAILS VERIFICATION and is skipped: {'; '.join(problems[:3])}. "
+                  "Check it with `python -m checkpoint verify`; an older checkpoint is used instead")
+            continue
+        if health(path) is None:
+            _warn(f"checkpoint {path} was written before checkpoints had a manifest: not verified")
+        elif not _healthy(path):
+            _warn(f"checkpoint {path} was saved after a step with a non-finite loss ({health(path)}); "
+                  "no newer checkpoint with finite loss and weights passes verification")
+        return path
+    if failures:
+        raise CheckpointCorrupt(f"none of the {len(failures)} complete checkpoints of {run_dir} passes "
+                                "verification: " + "; ".join(failures))
+    return None
+
+
 def resolve_resume_path(path, run_dir):
-    """`auto` -> newest complete checkpoint of this run (None if there is none); a run folder ->
-    its newest complete checkpoint; a checkpoint folder -> itself, if complete."""
+    """Collective. `auto` -> newest verified checkpoint of this run (None if there is none); a run
+    folder -> its newest verified checkpoint; a checkpoint folder -> itself, if complete and whole."""
     if path is None:
         return None
     if path == "auto":
-        found = complete_checkpoints(run_dir)
-        return found[-1] if found else None
+        return newest_verified(run_dir)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"resume.checkpoint_path '{path}' does not exist")
     if _step_of(path) is None:
-        found = complete_checkpoints(path)
-        if not found:
+        found = newest_verified(path)
+        if found is None:
             raise FileNotFoundError(f"resume.checkpoint_path '{path}' holds no complete {PREFIX}N folder")
-        return found[-1]
+        return found
     if not is_complete(path):
         raise FileNotFoundError(f"resume.checkpoint_path '{path}' is not a complete checkpoint "
                                 f"(no {MARKER} marker: its save was interrupted); pick an older one or use auto")
+    problems = verify_together(path)
+    if problems:
+        raise CheckpointCorrupt(f"resume.checkpoint_path '{path}' fails verification: {'; '.join(problems)}; "
+                                "pick an older checkpoint, or use auto to take the newest one that is whole")
     return path
+
+
+# --- saving --------------------------------------------------------------------------------------
+def _owner(rel):
+    """The rank that wrote file `rel` of a checkpoint (it checksums it)."""
+    m = re.fullmatch(r"rng/rank_(\d+)\.pt", rel)
+    if m:
+        return int(m.group(1))
+    return shard_rank(os.path.basename(rel)) or 0
+
+
+def checkpoint_size(path):
+    return sum(os.path.getsize(os.path.join(path, rel)) for rel in list_files(path))
 
 
 class Checkpointer:
@@ -98,49 +230,148 @@ class Checkpointer:
             for tmp in glob.glob(os.path.join(self.run_dir, f".tmp_{PREFIX}*")) + \
                     glob.glob(os.path.join(self.run_dir, f".trash_{PREFIX}*")):
                 shutil.rmtree(tmp, ignore_errors=True)
+            if os.path.exists(os.path.join(self.run_dir, "latest.tmp")):
+                os.remove(os.path.join(self.run_dir, "latest.tmp"))
 
-    def save(self, step, engine, trainer_state, norm_stats):
-        """Collective: call on every rank."""
+    def save(self, step, engine, trainer_state, norm_stats, health):
+        """Collective: call on every rank. `health`: {"weights_finite", "loss_finite"} (the same on
+        every rank), recorded in the manifest."""
         final = os.path.join(self.run_dir, f"{PREFIX}{step}")
         if is_complete(final):  # a rewound run reached a step saved before: keep what is on disk
             if dist.is_main():
                 print(f"checkpoint: {final} already exists and is kept as it is", flush=True)
             return final
         tmp = os.path.join(self.run_dir, f".tmp_{PREFIX}{step}")
+        self.warn_if_short_of_space(step)
+        self._together(step, tmp, self._prepare, tmp)
+        self._together(step, tmp, self._write, tmp, engine, trainer_state, norm_stats)
+        files = {}
+        for part in self._together(step, tmp, self._digest_own, tmp):
+            files.update(part)
+        self._together(step, tmp, self._commit, tmp, final, step, files, health)
+        if dist.is_main():
+            self._apply_retention(keep=final)
+            self.warn_if_short_of_space(step + 1, after=final)
+        return final
+
+    def _together(self, step, tmp, fn, *args):
+        """Run `fn` on every rank; if it raises on any rank, every rank raises CheckpointSaveError
+        (the gather is the agreement, and the barrier). Returns every rank's result."""
+        try:
+            result, error = fn(*args), None
+        except Exception as e:  # noqa: BLE001 (torch.save reports a full disk as a RuntimeError)
+            result, error = None, (dist.rank(), getattr(e, "errno", None), f"{type(e).__name__}: {e}")
+        outcomes = _gather((result, error))
+        errors = [e for _, e in outcomes if e is not None]
+        if not errors:
+            return [r for r, _ in outcomes]
+        message = self._failure_message(step, tmp, errors) if dist.is_main() else ""
+        raise CheckpointSaveError(message)
+
+    def _failure_message(self, step, tmp, errors):
+        """Remove the partial save (rank 0) and say what happened, in one message."""
+        written = checkpoint_size(tmp) if os.path.isdir(tmp) else 0
+        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.exists(os.path.join(self.run_dir, "latest.tmp")):
+            os.remove(os.path.join(self.run_dir, "latest.tmp"))
+        previous = complete_checkpoints(self.run_dir)
+        needed = checkpoint_size(previous[-1]) if previous else 0
+        free = shutil.disk_usage(self.run_dir).free
+        full = any(code in (errno.ENOSPC, errno.EDQUOT) or disk.looks_full(text) for _, code, text in errors)
+        kept = (f"the partial save was removed; the older checkpoints and `latest` "
+                f"({previous[-1] if previous else 'none yet'}) are untouched")
+        if full or free < max(needed, written):
+            need = f"about {disk.gb(needed)}" if needed else f"more than the {disk.gb(written)} written before it failed"
+            return (f"no space left on {disk.device_of(self.run_dir)} while saving {PREFIX}{step} to "
+                    f"{self.run_dir}: it needs {need}, {disk.gb(free)} free; {kept}. Free space (or lower "
+                    "system.total_limit) and resume with resume.checkpoint_path=auto")
+        rank, _, text = errors[0]
+        return (f"could not write {PREFIX}{step} to {self.run_dir} (rank {rank}: {text}); {kept}. "
+                "Resume with resume.checkpoint_path=auto once the file system is fixed")
+
+    def _prepare(self, tmp):
         if dist.is_main():
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(os.path.join(tmp, "rng"))
-        dist.barrier()
+
+    def _write(self, tmp, engine, trainer_state, norm_stats):
         engine.save(tmp)
         torch.save(rng_state(), os.path.join(tmp, "rng", f"rank_{dist.rank()}.pt"))
-        dist.barrier()  # every rank has written its shard
-        if dist.is_main():
+        if dist.is_main():  # while the other ranks write their shards
             _fsync_write(os.path.join(tmp, "trainer_state.json"), json.dumps(trainer_state, indent=1))
             _fsync_write(os.path.join(tmp, "config.yaml"), OmegaConf.to_yaml(self.cfg))
             if norm_stats is not None:
                 norm_stats.save(os.path.join(tmp, "norm_stats.json"))
-            _fsync_write(os.path.join(tmp, MARKER), f"{step}\n")
-            os.replace(tmp, final)
-            _fsync_write(os.path.join(self.run_dir, "latest.tmp"), os.path.basename(final) + "\n")
-            os.replace(os.path.join(self.run_dir, "latest.tmp"), os.path.join(self.run_dir, "latest"))
-            self._apply_retention(keep=final)
-        dist.barrier()
-        return final
 
-    def _apply_retention(self, keep):
-        if not self.total_limit:
+    def _digest_own(self, tmp):
+        """Checksums of the files this rank wrote (its page cache holds them), all ranks at once."""
+        rank = dist.rank()
+        return digest_files(tmp, [rel for rel in list_files(tmp, NOT_LISTED) if _owner(rel) == rank])
+
+    def _commit(self, tmp, final, step, files, health):
+        if not dist.is_main():
+            return
+        raw = manifest_bytes(step, files, health)
+        _fsync_write(os.path.join(tmp, MANIFEST), raw)
+        _fsync_write(os.path.join(tmp, MARKER), f"{step}\nmanifest {hashlib.sha256(raw).hexdigest()}\n")
+        # `latest` is prepared before the rename: after it, nothing is left to write
+        _fsync_write(os.path.join(self.run_dir, "latest.tmp"), os.path.basename(final) + "\n")
+        os.replace(tmp, final)  # the save has succeeded: `auto` finds complete checkpoints by name
+        try:
+            os.replace(os.path.join(self.run_dir, "latest.tmp"), os.path.join(self.run_dir, "latest"))
+        except OSError as e:
+            log.warning("%s is saved, but `latest` could not be updated (%s); it still names an older one",
+                        final, e)
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.run_dir, "latest.tmp"))
+
+    def warn_if_short_of_space(self, step, after=None):
+        """Warn (rank 0) when the free space is less than the newest checkpoint's size."""
+        if not dist.is_main():
             return
         found = complete_checkpoints(self.run_dir)
-        for old in found[:-self.total_limit]:
-            if old == keep:
-                continue
-            # rename first: a crash during the delete must not leave a half-deleted "complete" folder
-            trash = os.path.join(self.run_dir, f".trash_{os.path.basename(old)}")
-            os.replace(old, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+        if not found:
+            return
+        needed, free = checkpoint_size(found[-1]), shutil.disk_usage(self.run_dir).free
+        if free < needed:
+            when = "the next save" if after else f"the save of {PREFIX}{step}"
+            log.warning("only %s free on %s but %s takes %s: %s will likely fail; free space or lower "
+                        "system.total_limit", disk.gb(free), disk.device_of(self.run_dir),
+                        os.path.basename(found[-1]), disk.gb(needed), when)
+
+    def _protected(self, keep):
+        """Never deleted: the checkpoint just written, and the newest whose weights and loss were finite
+        and whose files are all there (or, when none, the newest whose weights were finite)."""
+        found = complete_checkpoints(self.run_dir)[::-1]
+        whole = [p for p in found if not quick_check(p)[1]]
+        good = [p for p in whole if _healthy(p)] or [p for p in whole if (health(p) or {}).get("weights_finite")]
+        return {keep, *good[:1]}
+
+    def _apply_retention(self, keep):
+        """Keep the newest `total_limit` checkpoints (and the protected ones). A failure here is a
+        warning: the new checkpoint is complete, and the next save tries again."""
+        if not self.total_limit:
+            return
+        try:
+            found, protected = complete_checkpoints(self.run_dir), self._protected(keep)
+            excess = len(found) - self.total_limit
+            for old in found:
+                if excess <= 0:
+                    break
+                if old in protected:
+                    continue
+                # rename first: a crash during the delete must not leave a half-deleted "complete" folder
+                trash = os.path.join(self.run_dir, f".trash_{os.path.basename(old)}")
+                os.replace(old, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                excess -= 1
+        except OSError as e:
+            log.warning("retention could not delete an old checkpoint of %s (%s); it is retried at the next "
+                        "save", self.run_dir, e)
 
     def load(self, path, load_engine):
-        """Restore engine state (via `load_engine(path)`), this rank's RNG; return the trainer state."""
+        """Restore engine state (via `load_engine(path)`), this rank's RNG; return the trainer state.
+        `path` comes from resolve_resume_path, which verified every file's checksum."""
         load_engine(path)
         with open(os.path.join(path, "trainer_state.json")) as f:
             state = json.load(f)

@@ -48,30 +48,12 @@ def parse_size(text):
     return size
 
 
-def _part_config(class_name, path, key, subfolder, default):
-    """The full config (defaults filled in) a diffusers part was built with: the size table's when
-    `path` is null, else its local folder's, read on the meta device (no weights are loaded)."""
-    if path is None:
-        return dict(default)
-    import diffusers
-    from accelerate import init_empty_weights
-
-    from models.loading import resolve_folder
-    cls = getattr(diffusers, class_name)
-    with init_empty_weights():
-        return dict(cls.from_config(cls.load_config(resolve_folder(path, key, subfolder))).config)
-
-
 def model_spec_from_config(cfg):
-    """The spec `build_world_model` builds the WorldModel from, rebuilt from the run's config."""
-    from models.build import model_spec
-    from models.sizes import get_size
+    """The spec `build_world_model` builds the WorldModel from, rebuilt from the run's config, plus
+    the `common` section (action and state dims, frames, image size) for inference code."""
+    from models.build import spec_from_config
 
-    size, wan = get_size(cfg.model.size), cfg.model.wan
-    video = _part_config("WanTransformer3DModel", wan.checkpoint_path, "model.wan.checkpoint_path",
-                         "transformer", size.wan)
-    vae = _part_config("AutoencoderKLWan", wan.vae_path, "model.wan.vae_path", "vae", size.vae)
-    spec = model_spec(cfg, size, video, vae, cfg.model.und_expert.vlm.input_dim)
+    spec = spec_from_config(cfg)
     spec["common"] = OmegaConf.to_container(cfg.common, resolve=True)
     return spec
 

@@ -4,8 +4,10 @@
 - a `checkpoint_step_N/` folder: the module weights in `engine/mp_rank_00_model_states.pt`
   (DeepSpeed; under ZeRO-1/2 these are the model's own weights: exact in fp32, the bf16
   copy under bf16_mixed) or `engine/model.pt` (DDP);
-- an exported folder (`python -m checkpoint.export`): `config.json` + `model.safetensors`, or
-  shards `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`.
+- an exported folder (`python -m checkpoint.export`, `python -m models.convert_motus`): `config.json`
+  + `model.safetensors`, or shards `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`;
+- a Motus checkpoint folder (`mp_rank_00_model_states.pt` or `pytorch_model/mp_rank_00_model_states.pt`,
+  Motus's `{'module': ...}`): converted in memory as `python -m models.convert_motus` does.
 A checkpoint trained with `training.ema.enabled` also holds the EMA of the trainable weights
 (`engine/ema_rank_R.pt` slices under ZeRO-1/2, `engine/ema.pt` otherwise): `read_weights(path,
 weights="ema")` returns that set, and `inference_weights` picks it by default for evaluation.
@@ -23,17 +25,20 @@ from typing import List, Tuple
 
 import torch
 
-from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_config, read_state_dict
-from checkpoint.checkpointer import MARKER
+from checkpoint.checkpointer import MARKER, quick_check
+from checkpoint.manifest import check_digests
 from checkpoint.zero import EMA_FILE, EMA_SHARD_FILE, CheckpointConvertError, ShardReader
+from models.convert_motus import MOTUS_LAYOUTS, MotusConvertError, convert_for_model, motus_states_file
+from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_config, read_state_dict
 
 log = logging.getLogger(__name__)
 
 DEEPSPEED_WEIGHTS = os.path.join("engine", "mp_rank_00_model_states.pt")
 DDP_WEIGHTS = os.path.join("engine", "model.pt")
 WEIGHT_SETS = ("raw", "ema")
-EXPECTED = (f"a checkpoint_step_N folder (with {DEEPSPEED_WEIGHTS} or {DDP_WEIGHTS}) or an exported "
-            f"folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or shards + {INDEX_NAME})")
+EXPECTED = (f"a checkpoint_step_N folder (with {DEEPSPEED_WEIGHTS} or {DDP_WEIGHTS}), an exported "
+            f"folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or shards + {INDEX_NAME}) or a Motus checkpoint "
+            f"folder ({' or '.join(MOTUS_LAYOUTS)})")
 
 
 class FinetuneError(RuntimeError):
@@ -83,6 +88,9 @@ def read_ema(path, key):
         raise FinetuneError(f"{key} '{path}' holds no EMA weights (neither engine/{EMA_FILE} nor "
                             f"engine/{EMA_SHARD_FILE.format(rank=0)}: trained without training.ema.enabled); "
                             "use the raw weights (--weights raw)")
+    for name in sorted(os.listdir(engine)):  # each EMA file against the checkpoint's manifest
+        if name == EMA_FILE or re.fullmatch(EMA_SHARD_FILE.format(rank=r"\d+"), name):
+            _verify_weights(path, os.path.join("engine", name), key)
     if os.path.isfile(os.path.join(engine, EMA_FILE)):
         saved = _load_torch(os.path.join(engine, EMA_FILE), key)
         return int(saved["updates"]), saved["weights"]
@@ -125,13 +133,15 @@ def inference_weights(path, weights=None, key="checkpoint"):
             raise FinetuneError(f"{key} '{path}' is an export of the {exported} weights; the {weights} set "
                                 "is in the checkpoint_step_N folder it was exported from")
         return read_weights(path, key), exported, f"using the {exported} weights exported in {path}"
-    chosen = weights or ("ema" if has_ema(path) else "raw")
+    averaged = has_ema(path) and read_ema(path, key)[0] > 0  # an EMA before its first update is no average
+    chosen = weights or ("ema" if averaged else "raw")
     state = read_weights(path, key, chosen)
     if chosen == "ema":
         note = "its EMA weights (--weights raw for the raw ones)"
+    elif averaged:
+        note = "its raw weights (it also holds EMA weights: --weights ema)"
     else:
-        note = "its raw weights" + (" (it also holds EMA weights: --weights ema)" if has_ema(path)
-                                    else " (it holds no EMA weights)")
+        note = "its raw weights" + (" (its EMA has had no update yet)" if has_ema(path) else " (it holds no EMA weights)")
     return state, chosen, f"using {note} from {path}"
 
 
@@ -144,6 +154,8 @@ def _read_raw(path, key):
     if in_checkpoint and not os.path.isfile(os.path.join(path, MARKER)):
         raise FinetuneError(f"{key} '{path}' has no {MARKER} marker: its save was interrupted; "
                             "pick a complete checkpoint")
+    if in_checkpoint:
+        _verify_weights(path, in_checkpoint[0], key)
     if os.path.isfile(os.path.join(path, DEEPSPEED_WEIGHTS)):
         saved = _load_torch(os.path.join(path, DEEPSPEED_WEIGHTS), key)
         if not isinstance(saved, dict) or not isinstance(saved.get("module"), dict):
@@ -160,6 +172,28 @@ def _read_raw(path, key):
     raise FinetuneError(f"{key} '{path}' holds no weights; expected {EXPECTED}")
 
 
+def _verify_weights(path, rel, key):
+    """The weights file against the checkpoint's manifest (size and checksum): only that file, so a
+    fine-tune or an export does not read the optimizer state it does not need."""
+    manifest, problems = quick_check(path)  # manifest None: damaged (problems say so) or a pre-manifest save
+    if manifest is not None:
+        problems = [p for p in problems if p.startswith(os.path.join(path, rel))]
+        problems = problems or check_digests(path, manifest, [rel])
+    if problems:
+        raise FinetuneError(f"{key} '{path}' fails verification: {'; '.join(problems)}; pick another "
+                            "checkpoint (python -m checkpoint verify lists every damaged file)")
+
+
+def _read_motus(model, path, allow_shape_mismatch):
+    """A Motus checkpoint folder, converted for `model`; what was dropped and what starts fresh is logged."""
+    try:
+        state, report = convert_for_model(path, model, allow_shape_mismatch, key="finetune.checkpoint_path")
+    except MotusConvertError as e:
+        raise FinetuneError(f"finetune.checkpoint_path: {e}") from e
+    log.warning(report.summary())
+    return state
+
+
 def _allowed(key, patterns):
     return any(re.fullmatch(p, key) for p in patterns)
 
@@ -167,7 +201,7 @@ def _allowed(key, patterns):
 @torch.no_grad()
 def load_finetune_weights(model, path, allow_shape_mismatch=()):
     """Copy the weights at `path` into `model` (in place); returns a FinetuneReport (also logged)."""
-    saved = read_weights(path)
+    saved = _read_motus(model, path, allow_shape_mismatch) if motus_states_file(path) else read_weights(path)
     current = model.state_dict()
     report = FinetuneReport(source=path)
     wrong = []

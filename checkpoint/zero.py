@@ -14,15 +14,14 @@ At load time `reshard_if_needed(engine, engine_dir)` returns False when the worl
 same (then `engine.load_checkpoint` does the job) and otherwise loads the checkpoint itself:
 this rank reads only the old slices that overlap its new partition (memory-mapped).
 
-`python -m checkpoint.zero <checkpoint_step_N>` prints what a checkpoint holds and
+`python -m checkpoint describe <checkpoint_step_N>` prints what a checkpoint holds and
 checks that every parameter can be rebuilt (no conversion command is needed: the slice a rank
 owns depends on the optimizer's order at the new world size, known only once it is built).
 """
-import argparse
 import glob
 import json
 import os
-import sys
+import re
 
 import torch
 
@@ -34,6 +33,12 @@ MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
 # stage 0 one whole file ({"updates": n, "weights": {name: tensor}}).
 EMA_SHARD_FILE = "ema_rank_{rank}.pt"
 EMA_FILE = "ema.pt"
+
+
+def shard_rank(name):
+    """The rank that wrote DeepSpeed file `name` (its ZeRO optimizer shard), or None (rank 0's files)."""
+    m = re.search(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$", name)
+    return int(m.group(1)) if m else None
 
 
 class CheckpointConvertError(RuntimeError):
@@ -249,6 +254,20 @@ def _check_names(engine_dir, saved, current):
             "to start a new run from these weights)")
 
 
+@torch.no_grad()
+def _load_buffers(module, saved, engine_dir):
+    """The ZeRO partitions hold parameters only; the persistent buffers (e.g. the action position
+    table, which a Motus checkpoint sets) come from the saved module state."""
+    params = dict(module.named_parameters())
+    names = [n for n in module.state_dict() if n not in params]
+    missing = [n for n in names if n not in saved]
+    if missing:
+        raise CheckpointConvertError(f"{engine_dir}: the saved module lacks the buffers {missing[:5]}; resume "
+                                     "needs the same model (use finetune.checkpoint_path to start a new run)")
+    for name in names:
+        module.get_buffer(name).copy_(saved[name])
+
+
 def _checked_reader(engine, engine_dir):
     reader = ShardReader(engine_dir)
     zero, names = engine.optimizer, _param_names(engine)
@@ -372,6 +391,7 @@ def reshard_if_needed(engine, engine_dir):
     model_states = _load(model_states_path)
     if stage:
         _install_zero(engine, engine_dir)
+        _load_buffers(engine.module, model_states["module"], engine_dir)
     else:
         result = engine.module.load_state_dict(model_states["module"], strict=False)
         trainable = {n for n, p in engine.module.named_parameters() if p.requires_grad}
@@ -411,19 +431,3 @@ def describe(checkpoint_dir):
                      f"state {['fp32'] + elementwise}, scalars {shown}")
     lines.append("  every tensor is readable: resume at any world size with resume.checkpoint_path")
     return "\n".join(lines)
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint_dir", help="a checkpoint_step_N folder")
-    args = parser.parse_args(argv)
-    if not os.path.isdir(os.path.join(args.checkpoint_dir, "engine")):
-        sys.exit(f"{args.checkpoint_dir}: expected a checkpoint_step_N folder with an engine/ subfolder")
-    try:
-        print(describe(args.checkpoint_dir))
-    except CheckpointConvertError as e:
-        sys.exit(str(e))
-
-
-if __name__ == "__main__":
-    main()

@@ -39,21 +39,39 @@ def check_geometry(cfg, vae_config, wan_config):
                          f"multiples of {step} (VAE x{spatial}, Wan patch {wan_config['patch_size'][-1]})")
 
 
-def model_spec(cfg, size, wan_config, vae_config, vlm_dim):
-    """The JSON-able architecture description WorldModel is built from (and saved as config.json)."""
+def model_spec(cfg, size, wan_config, vae_config):
+    """The JSON-able architecture description WorldModel is built from (and saved as config.json).
+    The one place it is assembled: `build_world_model`, `spec_from_config` and `size_table_model`
+    all come here."""
     m = cfg.model
     return {
         "wan": {k: (list(v) if isinstance(v, tuple) else v) for k, v in wan_config.items()
                 if not k.startswith("_")},
         "action_hidden": m.action_expert.hidden_size or size.action_hidden,
         "und_hidden": m.und_expert.hidden_size or size.und_hidden,
-        "vlm_dim": vlm_dim,
+        "vlm_dim": m.und_expert.vlm.input_dim,  # checked against the VLM's hidden size by _check_fit
         "action_dim": cfg.common.action_dim,
         "state_dim": cfg.common.state_dim,
         "action_chunk_size": cfg.common.action_chunk_size,
         "latent_frames": 1 + cfg.common.num_video_frames // vae_compression(vae_config)[0],
         "model": OmegaConf.to_container(m, resolve=True),
     }
+
+
+def spec_from_config(cfg):
+    """The spec `build_world_model` builds for `cfg`, from the parts' config files alone (no weight
+    is read): what an export or a converter needs to rebuild the architecture."""
+    size = get_size(cfg.model.size)
+    wan_config, vae_config, _, _ = part_configs(cfg, size)
+    return model_spec(cfg, size, wan_config, vae_config)
+
+
+def size_table_model(cfg, num_layers=None):
+    """The WorldModel of `cfg` from the size table (optionally another depth), with random init:
+    build it under `torch.device("meta")` or a FakeTensorMode to count or trace without memory."""
+    size = get_size(cfg.model.size)
+    wan = dict(size.wan, num_layers=num_layers or size.num_layers)
+    return WorldModel(model_spec(cfg, size, wan, size.vae)).apply_precision()
 
 
 def _random(what, key, warn=True):
@@ -142,7 +160,7 @@ def build_world_model(cfg):
     _check_fit(cfg, wan_config, vae_config["z_dim"], text_dim, vlm_dim)
     video, wan_config = build_video_expert(cfg, size)
     encoders = build_encoders(cfg, size)
-    spec = model_spec(cfg, size, wan_config, encoders.vae.config, cfg.model.und_expert.vlm.input_dim)
+    spec = model_spec(cfg, size, wan_config, encoders.vae.config)
     model = WorldModel(spec, video=video).apply_precision()
     n_train = sum(p.numel() for p in model.parameters())
     log.info("world model %s: %.1fM trainable parameters, precision %s", cfg.model.size, n_train / 1e6,

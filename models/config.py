@@ -50,6 +50,9 @@ class ActionExpertConfig:
     """Epsilon of the expert's LayerNorms and q/k RMSNorms."""
     num_registers: int = 4
     """Learned register tokens appended in fine-tune mode."""
+    position_scale: float = 1.0
+    """Amplitude of the fixed sin-cos action-token positions when built fresh (1: Motus's); a table
+    loaded from a checkpoint (ours or Motus's) is used as saved."""
 
 
 @dataclass

@@ -1,7 +1,14 @@
 """The frozen parts: Wan VAE, umT5 text encoder, Qwen3-VL. No gradients, eval mode, never in
 the optimizer. `encode(batch)` turns a raw batch into model inputs; keys a latent cache
 already provides pass through untouched.
+
+Only what the training step needs is held on the GPU: a part moves to the device the first
+time `encode` needs it and stays there; a part whose outputs the data already provides (a
+latent cache with video latents, text embeddings and VLM features) never moves and costs no
+GPU memory. Decoding validation pictures borrows the VAE for the call when it is not resident
+(moved to the device, used, moved back to the CPU), so the pictures cost no memory in between.
 """
+import contextlib
 import logging
 from collections import OrderedDict
 
@@ -10,6 +17,7 @@ import torch
 log = logging.getLogger(__name__)
 
 TEXT_CACHE_SIZE = 1024  # instructions are few per dataset; each entry is [text_len, text_dim]
+CPU = torch.device("cpu")
 
 
 class FrozenEncoders:
@@ -19,7 +27,7 @@ class FrozenEncoders:
         self.vae, self.text_encoder, self.vlm = vae, text_encoder, vlm
         self.tokenizer, self.vlm_tokenizer, self.image_processor = tokenizer, vlm_tokenizer, image_processor
         self.text_len, self.dtype = text_len, dtype
-        self.device = torch.device("cpu")
+        self.device = CPU
         self._text_cache = OrderedDict()
         for module in self.modules():
             module.requires_grad_(False).eval()
@@ -31,27 +39,65 @@ class FrozenEncoders:
         return [self.vae, self.text_encoder, self.vlm]
 
     def to(self, device):
+        """Run on `device` from now on. Parts move there when first needed (see the module docstring);
+        on the CPU that is at once, which changes nothing."""
         self.device = torch.device(device)
+        if self.device.type != "cpu":
+            log.info("frozen parts stay on the CPU until a batch needs them on %s", self.device)
         for module in self.modules():
-            module.to(self.device)
-            if next(module.parameters()).dtype != self.dtype:  # skip no-op casts (diffusers warns on them)
-                module.to(self.dtype)
+            self._place(module, self.device if self.device.type == "cpu" else self._home(module))
         self._text_cache.clear()
         return self
+
+    def resident(self):
+        """Names of the parts held on the (non-CPU) device."""
+        names = ("vae", "text_encoder", "vlm")
+        return [n for n, m in zip(names, self.modules()) if self.device.type != "cpu" and self._home(m) == self.device]
+
+    @staticmethod
+    def _home(module):
+        return next(module.parameters()).device
+
+    def _place(self, module, device):
+        module.to(device)
+        if next(module.parameters()).dtype != self.dtype:  # skip no-op casts (diffusers warns on them)
+            module.to(self.dtype)
+
+    def _need(self, module):
+        """A part the training inputs need on every step: move it to the device once, keep it there."""
+        if self._home(module) != self.device:
+            log.info("moving the frozen %s to %s (the data does not provide its outputs)",
+                     type(module).__name__, self.device)
+            self._place(module, self.device)
+        return module
+
+    @contextlib.contextmanager
+    def _borrow(self, module):
+        """A part needed now and then (picture decoding): on the device for the call only."""
+        home = self._home(module)
+        if home != self.device:
+            self._place(module, self.device)
+        try:
+            yield module
+        finally:
+            if home != self.device:
+                module.to(home)
 
     # ---- video -------------------------------------------------------------------------------
     @torch.no_grad()
     def encode_video(self, video):
         """video [B, 1 + F, 3, H, W] in [-1, 1] -> normalised latents [B, z, T, h, w] (posterior mean)."""
         x = video.to(self.device, self.dtype).permute(0, 2, 1, 3, 4)
-        mu = self.vae.encode(x).latent_dist.mean.float()
+        mu = self._need(self.vae).encode(x).latent_dist.mean.float()
         return (mu - self._latents_mean.to(mu.device)) / self._latents_std.to(mu.device)
 
     @torch.no_grad()
     def decode_video(self, latents):
-        """Normalised latents [B, z, T, h, w] -> pixels [B, frames, 3, H, W] in [-1, 1]."""
+        """Normalised latents [B, z, T, h, w] -> pixels [B, frames, 3, H, W] in [-1, 1] (borrows the VAE
+        onto the device when it is not resident)."""
         z = latents.to(self.device).float() * self._latents_std.to(self.device) + self._latents_mean.to(self.device)
-        pixels = self.vae.decode(z.to(self.dtype)).sample.float().clamp(-1, 1)
+        with self._borrow(self.vae) as vae:
+            pixels = vae.decode(z.to(self.dtype)).sample.float().clamp(-1, 1)
         return pixels.permute(0, 2, 1, 3, 4)
 
     # ---- text (umT5), cached per instruction -------------------------------------------------
@@ -63,7 +109,7 @@ class FrozenEncoders:
             tok = self.tokenizer(missing, padding="max_length", max_length=self.text_len, truncation=True,
                                  return_tensors="pt")
             ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
-            hidden = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            hidden = self._need(self.text_encoder)(input_ids=ids, attention_mask=mask).last_hidden_state.float()
             hidden = hidden * mask[..., None]
             for i, text in enumerate(missing):
                 self._text_cache[text] = (hidden[i], mask[i].bool())
@@ -81,7 +127,7 @@ class FrozenEncoders:
     @torch.no_grad()
     def encode_vlm(self, frames, instructions):
         """frames [B, 3, H, W] in [-1, 1] -> last hidden states [B, L, vlm_dim] and mask bool [B, L]."""
-        images = [((f.float().cpu() + 1) / 2).clamp(0, 1) for f in frames]
+        images = list(((frames.float().cpu() + 1) / 2).clamp(0, 1))  # one copy to the host for the batch
         pix = self.image_processor(images=images, do_rescale=False, return_tensors="pt")
         merge = self.image_processor.merge_size ** 2
         counts = (pix["image_grid_thw"].prod(-1) // merge).tolist()
@@ -93,7 +139,7 @@ class FrozenEncoders:
         mask = torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows])
         image_id = self.vlm.config.image_token_id
         mm_token_type_ids = (ids == image_id).long()  # 1 marks image tokens for the multimodal rope
-        out = self.vlm.model(
+        out = self._need(self.vlm).model(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
             pixel_values=pix["pixel_values"].to(self.device, self.dtype),
             image_grid_thw=pix["image_grid_thw"].to(self.device),
@@ -102,8 +148,9 @@ class FrozenEncoders:
 
     # ---- a whole batch -------------------------------------------------------------------------
     def encode(self, batch):
-        """Raw batch -> model inputs; cached keys (video_latents, text_embeds, vlm_features) pass through."""
-        inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        """Raw batch -> model inputs; cached keys (video_latents, text_embeds, vlm_features) pass through
+        where they are (the caller has moved the batch to the device), and so do the other keys."""
+        inputs = dict(batch)
         if "video_latents" not in inputs:
             inputs["video_latents"] = self.encode_video(inputs.pop("video"))
         if "text_embeds" not in inputs:

@@ -12,10 +12,6 @@ from diffusers.models.embeddings import get_timestep_embedding
 from torch import nn
 
 TIME_FREQ_DIM = 256
-# Amplitude of the fixed action-token positions. The token encoders start out emitting ~0.2 per
-# element (default Linear init); a unit-amplitude table drowned that content and made the action
-# pathway learn 2-3x slower on the tiny model.
-POSITION_SCALE = 0.2
 
 
 def mlp3x_silu(in_dim, dim):
@@ -26,7 +22,8 @@ ADAPTERS = {"mlp3x_silu": mlp3x_silu}  # VLM features -> understanding-expert wi
 
 
 def sincos_table(length, dim):
-    """Fixed 1-D sin-cos positions [1, length, dim] (first half sin, second half cos)."""
+    """Fixed 1-D sin-cos positions [1, length, dim] (first half sin, second half cos; frequencies
+    10000^(-i / (dim / 2)), as Motus's `get_1d_sincos_pos_embed_from_grid`)."""
     pos = torch.arange(length, dtype=torch.float64)[:, None]
     freq = torch.exp(-math.log(10000.0) * torch.arange(dim // 2, dtype=torch.float64) / max(dim // 2, 1))
     table = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], dim=1)
@@ -61,7 +58,7 @@ class ActionExpert(nn.Module):
     modulated by the action noise level; a zero-initialised decoder reads the chunk back."""
 
     def __init__(self, num_layers, dim, ffn_mult, inner_dim, eps, action_dim, state_dim,
-                 action_chunk_size, num_registers, use_state):
+                 action_chunk_size, num_registers, use_state, position_scale=1.0):
         super().__init__()
         self.use_state = use_state
         self.action_chunk_size = action_chunk_size
@@ -69,7 +66,9 @@ class ActionExpert(nn.Module):
         self.action_encoder = mlp3x_silu(action_dim, dim)
         self.registers = nn.Parameter(torch.randn(1, num_registers, dim) * 0.02) if use_state else None
         num_tokens = action_chunk_size + (1 + num_registers if use_state else 0)
-        self.register_buffer("positions", POSITION_SCALE * sincos_table(num_tokens, dim), persistent=False)
+        # Motus's table at scale 1. Persistent: a checkpoint's table wins over this recomputed one;
+        # Motus's checkpoints hold it rounded to bf16, and that is the function they were trained with.
+        self.register_buffer("positions", position_scale * sincos_table(num_tokens, dim))
         self.time_embedder = nn.Sequential(nn.Linear(TIME_FREQ_DIM, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_proj = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.layers = nn.ModuleList(

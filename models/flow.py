@@ -28,16 +28,70 @@ def shift_noise_levels(s, shift):
 def sample_noise_levels(n, td, device=None, generator=None):
     """Draw n noise levels in [0, 1] from `model.time_distribution` (`td`): the law, then the
     shift, then the [min_t, max_t] clamp."""
+    return _levels(td, lambda: torch.randn(n, device=device, generator=generator),
+                   lambda: torch.rand(n, device=device, generator=generator))
+
+
+def _levels(td, normal, uniform):
+    """The noise-level law applied to standard draws: `normal()` ~ N(0, 1), `uniform()` ~ U[0, 1)."""
     if td.timestep_sample_method == "logit_normal":
-        s = torch.sigmoid(td.sigmoid_scale * torch.randn(n, device=device, generator=generator))
+        s = torch.sigmoid(td.sigmoid_scale * normal())
     elif td.timestep_sample_method == "uniform":
         # Motus's discrete schedule s_j = 1 - j / 1000, j uniform in 0..999 (shift 5 gives Motus's sigmas)
-        j = torch.randint(0, MOTUS_NUM_TRAIN_STEPS, (n,), device=device, generator=generator)
-        s = 1 - j.float() / MOTUS_NUM_TRAIN_STEPS
+        j = (uniform() * MOTUS_NUM_TRAIN_STEPS).floor().clamp(max=MOTUS_NUM_TRAIN_STEPS - 1)
+        s = 1 - j / MOTUS_NUM_TRAIN_STEPS
     else:
         raise ValueError(f"model.time_distribution.timestep_sample_method is "
                          f"'{td.timestep_sample_method}'; expected logit_normal or uniform")
     return shift_noise_levels(s, td.shift).clamp(td.min_t, td.max_t)
+
+
+# ---- per-sample seeded noise: a counter-based generator in tensor ops --------------------------
+# Each sample's noise is a pure function of (its seed, the stream, the element's index), computed
+# on whatever device the seeds live on, for the whole batch at once: no per-sample generator, no
+# host round trip, and the same numbers whichever rank or batch position holds the sample.
+# Integers stay below 2**49 in int64, so the arithmetic is exact on every device.
+_MASK32 = 0xFFFFFFFF
+VIDEO_LEVEL, ACTION_LEVEL, VIDEO_NOISE, ACTION_NOISE = range(4)  # independent streams per sample
+
+
+def _mul32(x, c):
+    """(x * c) mod 2**32 for x in [0, 2**32), in two 16-bit halves of the constant c."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x):
+    """murmur3's 32-bit finaliser: a bijection of [0, 2**32) in which every input bit flips about
+    half of the output bits."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def _hash_bits(seeds, stream, count):
+    """32 random bits [B, count] (int64) for element counters 0..count-1 of each sample's stream."""
+    seeds = seeds.long().view(-1, 1)
+    key = _mix32((seeds & _MASK32) ^ _mix32(((seeds >> 32) & _MASK32) ^ _mix32(torch.full_like(seeds, stream))))
+    key2 = _mix32(key ^ 0x5BD1E995)
+    counter = torch.arange(count, device=seeds.device, dtype=torch.long).view(1, -1)
+    return _mix32(_mix32(counter ^ key) ^ key2)
+
+
+def seeded_uniform(seeds, stream, shape):
+    """U[0, 1) draws [B, *shape] in float32 (24 random bits each) from per-sample int64 seeds [B]."""
+    count = 1
+    for d in shape:
+        count *= d
+    return ((_hash_bits(seeds, stream, count) >> 8).float() * 2.0 ** -24).view(-1, *shape)
+
+
+def seeded_normal(seeds, stream, shape):
+    """N(0, 1) draws [B, *shape] in float32 (Box-Muller on two seeded uniforms per element)."""
+    u = seeded_uniform(seeds, stream, (2, *shape))
+    radius = torch.sqrt(-2.0 * torch.log1p(-u[:, 0]))  # 1 - u in (0, 1]: the log is finite
+    return radius * torch.cos(2 * torch.pi * u[:, 1])
 
 
 def _bcast(s, x):
@@ -59,14 +113,18 @@ def _draw_noise(x0, a0, td, generator):
 
 
 def _draw_noise_per_sample(x0, a0, td, seeds):
-    """The same draw, sample by sample, each from a generator seeded by its own seed: a sample's
-    noise then does not depend on which rank holds it or on its place in the batch, so runs
-    with different process counts (and a resumed run) see the same noise."""
-    draws = []
-    for i, seed in enumerate(seeds.tolist()):
-        g = torch.Generator().manual_seed(int(seed))
-        draws.append(_draw_noise(x0[i:i + 1].cpu(), a0[i:i + 1].cpu(), td, g))
-    return [torch.cat(parts).to(x0.device) for parts in zip(*draws)]
+    """The same draw with each sample's noise a pure function of its own seed (seeded_normal /
+    seeded_uniform, on the latents' device): a sample's noise then does not depend on which rank
+    holds it or on its place in the batch, so runs with different process counts (and a resumed
+    run) see the same noise."""
+    seeds = seeds.to(x0.device, non_blocking=True)
+
+    def levels(stream):
+        return _levels(td, lambda: seeded_normal(seeds, stream, (1,))[:, 0],
+                       lambda: seeded_uniform(seeds, stream, (1,))[:, 0])
+
+    return (levels(VIDEO_LEVEL), levels(ACTION_LEVEL), seeded_normal(seeds, VIDEO_NOISE, x0.shape[1:]),
+            seeded_normal(seeds, ACTION_NOISE, a0.shape[1:]))
 
 
 def flow_losses(model, inputs, generator=None):
@@ -93,10 +151,12 @@ def flow_losses(model, inputs, generator=None):
 
 
 @torch.no_grad()
-def euler_sample(model, inputs, mode, num_steps, generator=None):
+def euler_sample(model, inputs, mode, num_steps, generator=None, noise=None):
     """Integrate from s=1 to 0 over `linspace(1, 0, num_steps + 1)` for the streams that `mode`
     generates; given streams stay clean, marginal ones stay at pure noise. Latent frame 0
-    is re-imposed after every step. Streams not generated are returned as given (or None)."""
+    is re-imposed after every step. Streams not generated are returned as given (or None).
+    `noise`: (video, actions) starting noise instead of draws from `generator`, so a sample's
+    result need not depend on the batch it is in."""
     if mode not in MODES:
         raise ValueError(f"sample mode '{mode}'; expected one of {', '.join(MODES)}")
     video_role, action_role = MODES[mode]
@@ -108,8 +168,11 @@ def euler_sample(model, inputs, mode, num_steps, generator=None):
         needs = (video_role if name == "video" else action_role) == role
         if needs and (value is None or (name == "video" and value.shape[2] < model.latent_frames)):
             raise ValueError(f"sample mode '{mode}' conditions on the whole {name}; the inputs lack it")
-    x_video = torch.randn(video_shape, device=device, generator=generator)
-    x_action = torch.randn(action_shape, device=device, generator=generator)
+    if noise is None:
+        x_video = torch.randn(video_shape, device=device, generator=generator)
+        x_action = torch.randn(action_shape, device=device, generator=generator)
+    else:
+        x_video, x_action = (n.to(device, torch.float32).clone() for n in noise)
     if video_role == "given":
         x_video = given_video[:, :, :model.latent_frames].clone()
     if action_role == "given":
@@ -119,8 +182,9 @@ def euler_sample(model, inputs, mode, num_steps, generator=None):
     level = {"given": 0.0, "marginal": 1.0}
     for i in range(num_steps):
         s, ds = grid[i], grid[i + 1] - grid[i]
-        s_video = torch.full((batch,), float(level.get(video_role, s)), device=device)
-        s_action = torch.full((batch,), float(level.get(action_role, s)), device=device)
+        # s stays on the device: no read-back per Euler step
+        s_video = torch.full((batch,), level[video_role], device=device) if video_role in level else s.expand(batch)
+        s_action = torch.full((batch,), level[action_role], device=device) if action_role in level else s.expand(batch)
         v_video, v_action = model.velocity(x_video, s_video, x_action, s_action, inputs)
         if video_role == "generate":
             x_video = x_video + ds * v_video.float()

@@ -50,3 +50,31 @@ def action_figure(true_actions, pred_actions, sample=0):
 def prediction_figures(true_video, pred_video, true_actions, pred_actions, max_samples=2):
     """-> (frame grid tensor [3, H', W'] in [0, 1], matplotlib figure of the actions of sample 0)."""
     return frame_grid(true_video, pred_video, max_samples), action_figure(true_actions, pred_actions)
+
+
+def side_by_side(true_video, pred_video):
+    """One sample's videos [T, 3, H, W] in [-1, 1] -> uint8 frames [T, H, 2W, 3]: true left, predicted right."""
+    frames = min(true_video.shape[0], pred_video.shape[0])
+    both = torch.cat([true_video[:frames].float().cpu(), pred_video[:frames].float().cpu()], dim=-1)
+    return ((both.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def curve_figure(series, xlabel, ylabel, title, log_y=False):
+    """`series` name -> list of values (one line each, x = 0, 1, ...) -> a matplotlib figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    for name, values in series.items():
+        ax.plot(range(len(values)), values, marker="o", markersize=3, label=name)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    if log_y:
+        ax.set_yscale("log")
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

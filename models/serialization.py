@@ -16,10 +16,15 @@ class ModelLoadError(RuntimeError):
 
 
 def save(model, directory, max_shard_bytes=DEFAULT_SHARD_BYTES):
+    save_state(model.spec, model.state_dict(), directory, max_shard_bytes)
+
+
+def save_state(spec, state, directory, max_shard_bytes=DEFAULT_SHARD_BYTES):
+    """config.json (`spec`) + the tensors of `state` ({name: tensor}), sharded above max_shard_bytes."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, CONFIG_NAME), "w") as f:
-        json.dump(model.spec, f, indent=2, sort_keys=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        json.dump(spec, f, indent=2, sort_keys=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     shards, current, size = [], {}, 0
     for name, tensor in state.items():
         nbytes = tensor.numel() * tensor.element_size()

@@ -1,93 +1,222 @@
-"""`python -m models.summary <config.yaml> [--gpus N] [key=value ...]`: parameter counts and the
-per-GPU memory of weights, gradients and optimizer state (with the EMA of the weights when
-`training.ema.enabled`) under ZeRO stages 0, 1 and 2.
+"""`python -m models.summary <config.yaml> [--gpus N] [--gpu-memory GIB] [--measure] [key=value ...]`:
+parameter counts, the per-GPU memory of a training step under ZeRO stages 0, 1 and 2, and the
+largest `training.batch_size` that fits a GPU of `--gpu-memory` GiB. With `training.ema.enabled` the
+static part includes the fp32 EMA of the weights (4 bytes per trainable parameter / W from ZeRO-1 on).
 
-Everything is built on the `meta` device from the size table: no weights are read or
-allocated, so the full-size model is summarised in seconds. Activations are not counted.
+Everything is built on fake tensors from the size table: no weights are read or allocated, so
+the full-size model is summarised in about a minute on a CPU. Per GPU and ZeRO stage:
+
+    static      = trainable x (weights + gradients/W2 + optimizer state/W1) + frozen parts held on the GPU
+    activations = batch x (kept + working set)     (models/activations.py, traced at the real shapes)
+    peak        = static + ZeRO buckets + max(activations, fp32 gradient partition at the optimizer step)
+    fits        = peak <= FRAGMENTATION x gpu_memory - RESERVED_GIB
+
+`--measure` also runs one real forward on the CPU and prints the traced and measured bytes side by side
+(the calibration of the activation term; slow for the motus size).
 """
 import argparse
 import json
 import logging
+from dataclasses import replace
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
-from models.build import model_spec
+from models import activations
+from models.build import size_table_model
 from models.serialization import count_parameters
 from models.sizes import get_size
 
 GIB = 1024 ** 3
 # bytes per trainable parameter: (weights, gradients, optimizer state). Mixed bf16 keeps bf16
 # weights and gradients plus an fp32 master copy and Adam's two moments (the ZeRO paper's 2+2+12);
-# fp32 and fp32_mixed keep fp32 weights and gradients and the two moments.
+# fp32 and fp32_mixed keep fp32 weights and gradients and the two moments. A Muon matrix keeps one
+# momentum instead of two moments: 4 bytes less.
 BYTES = {"bf16_mixed": (2, 2, 12), "fp32_mixed": (4, 4, 8), "fp32": (4, 4, 8)}
-EMA_BYTES = 4  # the fp32 EMA (train/ema.py), partitioned like the fp32 masters from ZeRO-1 on
+MUON_SAVING = 4
+EMA_BYTES = 4  # the fp32 EMA of the weights (train/ema.py), partitioned like the fp32 masters from ZeRO-1 on
+# ZeRO-2's gradient buckets (configs/zero2.json: reduce_bucket_size 5e7 elements, bf16, ipg buffer
+# and the bucket being reduced).
+BUCKET_BYTES = 2 * 50_000_000 * 2
+# Not in torch.cuda.max_memory_allocated but on the GPU: the CUDA context, NCCL's buffers and the
+# allocator's fragmentation. What is left for the step: FRAGMENTATION x memory - RESERVED_GIB.
+RESERVED_GIB, FRAGMENTATION = 2.0, 0.9
+# The backward's working set beyond the kept tensors, in saved bytes of one layer: the gradients of
+# one layer's activations (1), plus, with checkpointing, that layer's recomputed activations (2).
+WORKING_LAYERS = {False: 1, True: 2}
+# Which frozen part produces which input: a part whose input the data provides stays off the GPU.
+FROZEN_OUTPUTS = {"vae": "video_latents", "text_encoder": "text_embeds", "vlm": "vlm_features"}
 
 
 def count_components(cfg):
-    """Parameter counts of every part, built on meta from the size table."""
+    """Parameter counts of every part, and the WorldModel and size entry, built on fake tensors."""
     from diffusers import AutoencoderKLWan
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, UMT5Config, UMT5EncoderModel
 
-    from models.world_model import WorldModel
-
     size = get_size(cfg.model.size)
-    with torch.device("meta"):
-        model = WorldModel(model_spec(cfg, size, size.wan, size.vae, cfg.model.und_expert.vlm.input_dim))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = size_table_model(cfg)
         vlm = Qwen3VLForConditionalGeneration(
             Qwen3VLConfig(text_config=size.vlm_text, vision_config=size.vlm_vision, **size.vlm_extra))
         vae = AutoencoderKLWan(**size.vae)
         text_encoder = UMT5EncoderModel(UMT5Config(**size.text_encoder))
-    return {"video": count_parameters(model.video), "action_expert": count_parameters(model.action_expert),
-            "und_expert": count_parameters(model.und_expert), "vlm": count_parameters(vlm),
-            "vae": count_parameters(vae), "text_encoder": count_parameters(text_encoder)}
+    counts = {"video": count_parameters(model.video), "action_expert": count_parameters(model.action_expert),
+              "und_expert": count_parameters(model.und_expert), "vlm": count_parameters(vlm),
+              "vae": count_parameters(vae), "text_encoder": count_parameters(text_encoder)}
+    return counts, model, size
 
 
-def memory_estimate(trainable, frozen, precision, gpus, ema=False):
-    """GiB per GPU for ZeRO stages 0, 1, 2 (stage 1 shards optimizer state and the EMA, stage 2 also
-    gradients)."""
+def provided_inputs(cfg):
+    """Inputs the data gives ready-made: a latent cache holds video latents, text embeddings and VLM
+    features (data/cache.py), so no frozen part is needed on the GPU."""
+    return set(FROZEN_OUTPUTS.values()) if cfg.dataset.cache_dir else set()
+
+
+def muon_parameters(cfg, model):
+    """Parameters that MuonAdamW trains with Muon (0 with AdamW)."""
+    if cfg.training.optimizer != "muon_adamw":
+        return 0
+    from optim.routing import split_params
+
+    m = cfg.training.muon
+    muon, _ = split_params(model.named_parameters(), m.routing, m.include, m.exclude)
+    return sum(p.numel() for _, p in muon)
+
+
+def static_memory(counts, trainable, muon, frozen_on_gpu, precision, gpus, ema=False):
+    """Bytes per GPU, independent of the batch, for ZeRO stages 0, 1, 2 (with the EMA when `ema`)."""
     w, g, o = BYTES[precision]
     frozen_bytes = 4 if precision == "fp32" else 2
     out = {}
     for stage in (0, 1, 2):
-        parts = {"weights": trainable * w, "gradients": trainable * g / (gpus if stage >= 2 else 1),
-                 "optimizer_state": trainable * o / (gpus if stage >= 1 else 1),
-                 "frozen_weights": frozen * frozen_bytes}
+        out[f"zero{stage}"] = {
+            "weights": trainable * w, "gradients": trainable * g / (gpus if stage >= 2 else 1),
+            "optimizer_state": (trainable * o - muon * MUON_SAVING) / (gpus if stage >= 1 else 1),
+            "frozen_weights": sum(counts[k] for k in frozen_on_gpu) * frozen_bytes}
         if ema:
-            parts["ema"] = trainable * EMA_BYTES / (gpus if stage >= 1 else 1)
-        parts = {k: round(v / GIB, 2) for k, v in parts.items()}
-        parts["total"] = round(sum(parts.values()), 2)
-        out[f"zero{stage}"] = parts
+            out[f"zero{stage}"]["ema"] = EMA_BYTES * trainable / (gpus if stage >= 1 else 1)
     return out
 
 
-def summarize(cfg, gpus):
-    counts = count_components(cfg)
+def activation_memory(cfg, size):
+    """Per-sample activation bytes, {checkpointing: {kept, working_set}} (models/activations.py)."""
+    return {c: {"kept": a.kept, "working_set": WORKING_LAYERS[c] * a.per_layer}
+            for c, a in activations.per_sample(cfg, size).items()}
+
+
+def step_transient(trainable, precision, gpus, stage):
+    """DeepSpeed's bf16 optimizer converts each rank's gradient partition to fp32 for the update: 4
+    bytes per trainable parameter / W, alive at the step, when the activations are already freed."""
+    return 4 * trainable / (gpus if stage >= 1 else 1) if precision == "bf16_mixed" else 0
+
+
+def peak(static_bytes, per_sample, batch, transient):
+    return static_bytes + BUCKET_BYTES + max(batch * per_sample, transient)
+
+
+def largest_batch(static_bytes, per_sample, transient, budget):
+    if peak(static_bytes, per_sample, 0, transient) > budget:
+        return 0
+    return int((budget - static_bytes - BUCKET_BYTES) // per_sample)
+
+
+def budget(cfg, counts, model, size, gpus, gpu_memory):
+    """The whole per-GPU budget: static parts, activations per sample, peak at the config's batch and
+    the largest batch that fits, for every ZeRO stage and both checkpointing settings."""
     trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
-    frozen = counts["vlm"] + counts["vae"] + counts["text_encoder"]
+    provided = provided_inputs(cfg)
+    frozen_on_gpu = [k for k, produced in FROZEN_OUTPUTS.items() if produced not in provided]
+    static = static_memory(counts, trainable, muon_parameters(cfg, model), frozen_on_gpu, cfg.model.precision, gpus,
+                           cfg.training.ema.enabled)
+    acts = activation_memory(cfg, size)
+    usable = FRAGMENTATION * gpu_memory * GIB - RESERVED_GIB * GIB
+    batch = cfg.training.batch_size
+    out = {"frozen_on_gpu": frozen_on_gpu, "usable_gib": gib(usable),
+           "activations_gib_per_sample": {("checkpointing" if c else "no_checkpointing"): {k: gib(v) for k, v in a.items()}
+                                          for c, a in acts.items()}}
+    for stage, parts in static.items():
+        total = sum(parts.values())
+        transient = step_transient(trainable, cfg.model.precision, gpus, int(stage[-1]))
+        row = {k: gib(v) for k, v in parts.items()}
+        row.update(static_total=gib(total), step_fp32_gradients=gib(transient))
+        for c, a in acts.items():
+            name = "checkpointing" if c else "no_checkpointing"
+            per_sample = a["kept"] + a["working_set"]
+            row[f"peak_at_batch_{batch}_{name}"] = gib(peak(total, per_sample, batch, transient))
+            row[f"largest_batch_{name}"] = largest_batch(total, per_sample, transient, usable)
+        out[stage] = row
+    return out
+
+
+def gib(n):
+    return round(n / GIB, 2)
+
+
+def predict_peak(cfg, batch, checkpointing, gpus=1):
+    """Predicted torch.cuda.max_memory_allocated of one training step (ZeRO-2), in GiB: what the GPU
+    check prints beside each measured figure."""
+    counts, model, size = count_components(cfg)
+    trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
+    frozen = [k for k, produced in FROZEN_OUTPUTS.items() if produced not in provided_inputs(cfg)]
+    static = sum(static_memory(counts, trainable, muon_parameters(cfg, model), frozen, cfg.model.precision,
+                               gpus, cfg.training.ema.enabled)["zero2"].values())
+    a = activation_memory(cfg, size)[checkpointing]
+    return gib(peak(static, a["kept"] + a["working_set"], batch, step_transient(trainable, cfg.model.precision, gpus, 2)))
+
+
+def summarize(cfg, gpus, gpu_memory=80.0):
+    counts, model, size = count_components(cfg)
+    trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
     return {
         "size": cfg.model.size, "mode": cfg.model.mode, "precision": cfg.model.precision, "gpus": gpus,
+        "gpu_memory_gib": gpu_memory, "optimizer": cfg.training.optimizer, "batch_size": cfg.training.batch_size,
+        "gradient_checkpointing": cfg.model.gradient_checkpointing,
         "parameters": counts,
         "trainable": trainable,
         "total_video_vlm_experts": trainable + counts["vlm"],
-        "memory_gib_per_gpu": memory_estimate(trainable, frozen, cfg.model.precision, gpus,
-                                              cfg.training.ema.enabled),
-        "assumes": "AdamW state (Muon matrices keep one buffer instead of two, so less); "
-                   "frozen parts replicated on every GPU; activations not included",
+        "memory_gib_per_gpu": budget(cfg, counts, model, size, gpus, gpu_memory),
+        "assumes": f"frozen parts on the GPU only where the data does not provide their outputs "
+                   f"(dataset.cache_dir provides all three); activations traced at the real shapes with a fused "
+                   f"attention kernel; usable = {FRAGMENTATION} x GPU memory - {RESERVED_GIB} GiB (CUDA context, "
+                   f"NCCL, fragmentation); ZeRO-2 buckets {gib(BUCKET_BYTES)} GiB",
     }
+
+
+def calibration(cfg, num_layers=None):
+    """Traced (fake tensors, extrapolated from 2 and 3 layers) vs measured (one real CPU forward at
+    batch 1, random init) activation bytes, for both checkpointing settings."""
+    size = get_size(cfg.model.size)
+    depth = num_layers or size.num_layers
+    size = replace(size, wan=dict(size.wan, num_layers=depth))
+    traced = activations.per_sample(cfg, size)
+    torch.manual_seed(0)
+    real = size_table_model(cfg, depth)
+    measured = activations.measure(real, activations.example_inputs(cfg, real, size, 1))
+    return {("checkpointing" if c else "no_checkpointing"): {
+        "traced_bytes": traced[c].kept, "measured_bytes": measured[c].kept,
+        "ratio": round(traced[c].kept / measured[c].kept, 4), "num_layers": depth} for c in (False, True)}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (80 for an A100/H100 80GB)")
+    parser.add_argument("--measure", action="store_true", help="also measure the activations on the CPU")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_intermixed_args()
     if args.gpus < 1:
         parser.error(f"--gpus is {args.gpus}; expected a positive integer")
+    if args.gpu_memory <= 0:
+        parser.error(f"--gpu-memory is {args.gpu_memory}; expected GiB per GPU, e.g. 80")
     logging.disable(logging.WARNING)  # one JSON object on stdout, nothing else
     from train.config import load_config
 
-    print(json.dumps(summarize(load_config(args.config, args.overrides), args.gpus), indent=2))
+    cfg = load_config(args.config, args.overrides)
+    report = summarize(cfg, args.gpus, args.gpu_memory)
+    if args.measure:
+        report["activation_calibration"] = calibration(cfg)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 `python -m models.tiny_assets <dir>` writes, with `save_pretrained`:
   <dir>/text_encoder  UMT5EncoderModel + tokenizer
   <dir>/vlm           Qwen3VLForConditionalGeneration + tokenizer + image processor
-  <dir>/vae           AutoencoderKLWan (latents_mean/std measured on smooth random videos)
+  <dir>/vae           AutoencoderKLWan, fitted to the training videos when the caller gives them (the
+                      default run fits it to the synthetic squares, so decoded pictures show them),
+                      with latents_mean/std measured on those videos
 They load through the same `from_pretrained` code as real weights (models/encoders.py).
 The tokenizer is a byte-level BPE trained with the `tokenizers` library: any text encodes.
 Everything is seeded, so two processes building the same folder write the same files.
@@ -31,6 +33,11 @@ WORDS = ("pick up place put push pull move open close lift stack grasp release r
          "plate bottle ball object table shelf tray robot arm gripper hand target goal task reach").split()
 PARTS = ("text_encoder", "vlm", "vae")
 STAMP = "tiny_size.json"
+VAE_FIT = "weighted_mse_frames_then_clips_v1"  # in the stamp: a folder built with another VAE recipe is rebuilt
+# the fit: single frames first (a fifth of a clip's cost: they train the spatial layers), then whole
+# clips (the temporal layers); measured on the synthetic squares, see fit_vae
+FRAME_STEPS, FRAME_BATCH, CLIP_STEPS, CLIP_BATCH, FIT_LR, FIT_VIDEOS = 150, 16, 120, 8, 1e-3, 64
+COLOUR_WEIGHT = 20.0
 
 
 def build_tokenizer(texts=()):
@@ -77,17 +84,23 @@ def build_image_processor(size=TINY):
                                     size={"shortest_edge": factor * factor, "longest_edge": 16 * factor * factor})
 
 
-def build_vae(size=TINY, seed=2, frames=5, height=64, width=64):
-    """A random AutoencoderKLWan whose latents_mean/std are measured, so normalised latents are ~N(0, 1)."""
+def build_vae(size=TINY, seed=2, videos=None, frames=5, height=64, width=64):
+    """An AutoencoderKLWan, fitted to `videos` ([N, T, 3, H, W] in [-1, 1]) when given, else random
+    (smooth random videos stand in for them), whose latents_mean/std are measured on those videos so
+    normalised latents are ~N(0, 1)."""
     from diffusers import AutoencoderKLWan
 
     torch.manual_seed(seed)
     vae = AutoencoderKLWan(**size.vae).eval()
     gen = torch.Generator().manual_seed(seed)
-    coarse = torch.rand(4, 3, frames, height // 16, width // 16, generator=gen) * 2 - 1
-    video = torch.nn.functional.interpolate(coarse, size=(frames, height, width), mode="trilinear")
+    if videos is None:
+        coarse = torch.rand(4, 3, frames, height // 16, width // 16, generator=gen) * 2 - 1
+        x = torch.nn.functional.interpolate(coarse, size=(frames, height, width), mode="trilinear")
+    else:
+        x = videos.float().permute(0, 2, 1, 3, 4).contiguous()  # [N, 3, T, H, W], the VAE's layout
+        fit_vae(vae, x, gen)
     with torch.no_grad():
-        mu = vae.encode(video).latent_dist.mean
+        mu = torch.cat([vae.encode(chunk).latent_dist.mean for chunk in x.split(CLIP_BATCH)])
     mean = mu.mean(dim=(0, 2, 3, 4))
     std = mu.std(dim=(0, 2, 3, 4)).clamp_min(1e-6)
     vae.register_to_config(latents_mean=[round(float(x), 6) for x in mean],
@@ -95,19 +108,68 @@ def build_vae(size=TINY, seed=2, frames=5, height=64, width=64):
     return vae
 
 
-def _stamp():
-    return json.dumps(dataclasses.asdict(TINY), sort_keys=True)
+def fit_vae(vae, x, gen):
+    """A short autoencoder fit of `vae` to videos x [N, 3, T, H, W]: Adam on the reconstruction of the
+    posterior mean (what FrozenEncoders encodes), FRAME_STEPS on single frames then CLIP_STEPS on
+    whole clips. Each pixel's squared error is weighted by 1 + its colour saturation x COLOUR_WEIGHT:
+    robot scenes are mostly flat background, and unweighted a small VAE learns the background alone,
+    so the objects (the synthetic squares) vanish from every decoded picture. (lr 1e-3: 5e-3 and
+    above stall at that background-only plateau.)"""
+    import time
+
+    start, cpu = time.perf_counter(), time.process_time()
+    frames = x.transpose(1, 2).reshape(-1, x.shape[1], 1, *x.shape[3:])  # every frame as a 1-frame clip
+    opt = torch.optim.Adam(vae.parameters(), lr=FIT_LR)
+    vae.train()
+    for data, steps, batch in ((frames, FRAME_STEPS, FRAME_BATCH), (x, CLIP_STEPS, CLIP_BATCH)):
+        for _ in range(steps):
+            b = data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)]
+            weight = 1 + COLOUR_WEIGHT * (b.max(dim=1, keepdim=True).values - b.min(dim=1, keepdim=True).values)
+            rec = vae.decode(vae.encode(b).latent_dist.mean).sample
+            loss = ((rec - b).pow(2) * weight).mean() / weight.mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    vae.eval().requires_grad_(False)
+    log.info("fitted the tiny VAE to %d videos: %d frame + %d clip steps, final weighted MSE %.4f, %.1f s "
+             "(%.1f CPU s)", len(x), FRAME_STEPS, CLIP_STEPS, loss.item(), time.perf_counter() - start,
+             time.process_time() - cpu)
+    return vae
 
 
-def build_tiny_assets(directory, texts=()):
+def training_videos(dataset, count=FIT_VIDEOS, seed=0):
+    """`count` training windows' videos [count, T, 3, H, W] from a dataset with draw(rng) and load(window)
+    (data/dataset.py EpisodeDataset), or None when its samples carry no raw video (a latent cache)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    samples = [dataset.load(dataset.draw(rng)) for _ in range(count)]
+    if "video" not in samples[0]:
+        return None
+    return torch.stack([s["video"] for s in samples])
+
+
+def _stamp(fitted):
+    return json.dumps({"size": dataclasses.asdict(TINY), "vae": VAE_FIT if fitted else "random"}, sort_keys=True)
+
+
+def build_tiny_assets(directory, texts=(), videos=None):
     """Write the three folders under `directory` (atomically: a half-written folder never appears),
-    plus a stamp of the tiny size table they were built from."""
+    plus a stamp of the tiny size table and VAE recipe they were built from. `videos`: a callable
+    returning [N, T, 3, H, W] training videos in [-1, 1] to fit the VAE to; None keeps it random.
+    A folder whose stamp is from another size table or VAE recipe is rebuilt (it holds only what an
+    earlier build wrote); one without a stamp is not ours, and is refused."""
     stamp = os.path.join(directory, STAMP)
     if all(os.path.isdir(os.path.join(directory, p)) for p in PARTS):
-        if not os.path.isfile(stamp) or open(stamp).read() != _stamp():
-            raise ModelLoadError(f"'{directory}' holds tiny frozen parts built for another tiny size table "
-                                 "(models/sizes.py changed); delete the folder and it is rebuilt on the next run")
-        return directory
+        if not os.path.isfile(stamp):
+            raise ModelLoadError(f"'{directory}' holds text_encoder/, vlm/ and vae/ but no {STAMP}: not built by "
+                                 "models/tiny_assets.py; point the model paths elsewhere or delete the folder")
+        found = open(stamp).read()
+        if found in (_stamp(True), _stamp(False)) and (found == _stamp(True) or videos is None):
+            return directory
+        log.warning("rebuilding the tiny frozen parts under %s: built for another tiny size table or VAE recipe",
+                    directory)
+        _remove_parts(directory)
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tiny_assets_", dir=parent)
@@ -118,10 +180,11 @@ def build_tiny_assets(directory, texts=()):
         build_vlm(tokenizer).save_pretrained(os.path.join(tmp, "vlm"))
         tokenizer.save_pretrained(os.path.join(tmp, "vlm"))
         build_image_processor().save_pretrained(os.path.join(tmp, "vlm"))
-        build_vae().save_pretrained(os.path.join(tmp, "vae"))
+        clips = None if videos is None else videos()
+        build_vae(videos=clips).save_pretrained(os.path.join(tmp, "vae"))
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(tmp, STAMP), "w") as f:
-            f.write(_stamp())
+            f.write(_stamp(clips is not None))
         os.replace(os.path.join(tmp, STAMP), stamp)  # identical content from every builder
         for part in PARTS:
             try:
@@ -135,6 +198,17 @@ def build_tiny_assets(directory, texts=()):
     return directory
 
 
+def _remove_parts(directory):
+    """Move an outdated build aside, then delete it: a reader never sees half a folder."""
+    for part in PARTS:
+        path = os.path.join(directory, part)
+        if os.path.isdir(path):
+            aside = tempfile.mkdtemp(prefix=f".old_{part}_", dir=directory)
+            os.rename(path, os.path.join(aside, part))
+            shutil.rmtree(aside, ignore_errors=True)
+    os.remove(os.path.join(directory, STAMP))
+
+
 def tiny_assets_dir(cfg):
     """The <dir> that model.wan.text_encoder_path, model.wan.vae_path and model.vlm.checkpoint_path
     share as <dir>/text_encoder, <dir>/vae and <dir>/vlm; None if they do not follow that layout."""
@@ -146,12 +220,13 @@ def tiny_assets_dir(cfg):
     return parents.pop() if len(parents) == 1 and names == PARTS else None
 
 
-def ensure_tiny_assets(cfg):
-    """For model.size tiny, build the frozen parts where the config points if they are missing."""
+def ensure_tiny_assets(cfg, videos=None):
+    """For model.size tiny, build the frozen parts where the config points if they are missing or
+    outdated; `videos` (see build_tiny_assets) fits the VAE to the training data."""
     directory = tiny_assets_dir(cfg)
     if cfg.model.size != "tiny" or directory is None:
         return None
-    return build_tiny_assets(directory)
+    return build_tiny_assets(directory, videos=videos)
 
 
 def main():

@@ -51,7 +51,8 @@ class WorldModel(nn.Module):
         self.action_expert = ActionExpert(
             wan.num_layers, spec["action_hidden"], s.action_expert.ffn_dim_multiplier, inner,
             s.action_expert.norm_eps, spec["action_dim"], spec["state_dim"], spec["action_chunk_size"],
-            s.action_expert.num_registers, use_state=s.mode == "finetune")
+            s.action_expert.num_registers, use_state=s.mode == "finetune",
+            position_scale=s.action_expert.position_scale)
         self.und_expert = UndExpert(wan.num_layers, spec["und_hidden"], s.und_expert.ffn_dim_multiplier,
                                     inner, s.und_expert.norm_eps, spec["vlm_dim"], s.und_expert.vlm.projector_type)
         self.gradient_checkpointing = s.gradient_checkpointing
@@ -119,8 +120,8 @@ class WorldModel(nn.Module):
 
     @staticmethod
     def _joint_mask(num_video, num_action, vlm_mask, device):
-        if vlm_mask is None or bool(vlm_mask.all()):
-            return None  # no padding: let SDPA / flash-attn take their fastest path
+        if vlm_mask is None:  # no padding (train/steps.to_device drops an all-true mask on the host, where
+            return None       # checking costs no GPU read-back): SDPA / flash-attn take their fastest path
         keep = torch.ones(vlm_mask.shape[0], num_video + num_action, dtype=torch.bool, device=device)
         return torch.cat([keep, vlm_mask.to(device=device, dtype=torch.bool)], dim=1)[:, None, None, :]
 
@@ -138,11 +139,12 @@ class WorldModel(nn.Module):
         """Rectified-flow losses: dict(loss, video_loss, action_loss, noise_level_video, noise_level_action)."""
         return flow_losses(self, inputs, generator)
 
-    def sample(self, inputs, mode, num_steps=None, generator=None):
+    def sample(self, inputs, mode, num_steps=None, generator=None, noise=None):
         """Euler sampling; mode in joint|policy|video|forward_dynamics|inverse_dynamics.
-        Returns dict(video_latents, actions) with actions normalised (as the data gives them)."""
+        Returns dict(video_latents, actions) with actions normalised (as the data gives them).
+        `noise`: optional starting noise (video [B, z, latent_frames, h, w], actions [B, chunk, dim])."""
         steps = num_steps or self.settings.inference.num_inference_timesteps
-        return euler_sample(self, inputs, mode, steps, generator)
+        return euler_sample(self, inputs, mode, steps, generator, noise)
 
     # ---- export ----------------------------------------------------------------------------
     def save_pretrained(self, directory, max_shard_bytes=serialization.DEFAULT_SHARD_BYTES):

@@ -1,18 +1,34 @@
 """`build_optimizer`: the optimizer named by `training.optimizer`, with its split logged once."""
+import dataclasses
 import logging
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
+from optim.adamw import kernel_args, keep_kernel
+from optim.config import MuonConfig
 from optim.muon_adamw import MuonAdamW
 
 logger = logging.getLogger(__name__)
 
 OPTIMIZERS = ("adamw", "muon_adamw")
+# MuonConfig field -> MuonAdamW argument, where the argument needs the "muon_" prefix to be clear
+_ARGUMENT = {"momentum": "muon_momentum", "include": "muon_include", "exclude": "muon_exclude"}
 
 
-def build_optimizer(named_parameters, training_cfg, world_size):
-    """MuonAdamW or torch.optim.AdamW from `cfg.training`; groups carry "name" and "initial_lr"."""
+def muon_arguments(muon_cfg):
+    """MuonAdamW's Muon arguments from a `training.muon` section (DictConfig or MuonConfig)."""
+    def plain(value):  # lists arrive as OmegaConf ListConfig from a DictConfig
+        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+    return {_ARGUMENT.get(f.name, f.name): plain(getattr(muon_cfg, f.name)) for f in dataclasses.fields(MuonConfig)}
+
+
+def build_optimizer(named_parameters, training_cfg, world_size, fused_adamw=False):
+    """MuonAdamW or torch.optim.AdamW from `cfg.training`; groups carry "name" and "initial_lr".
+
+    `fused_adamw`: AdamW (all of it, or MuonAdamW's AdamW group) on torch's fused kernel (optim/adamw.py)."""
     t = training_cfg
     named = list(named_parameters)
     if t.optimizer == "adamw":
@@ -21,25 +37,18 @@ def build_optimizer(named_parameters, training_cfg, world_size):
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
                 params.append(p)
-        optimizer = torch.optim.AdamW([dict(params=params, name="adamw", initial_lr=t.learning_rate)],
-                                      lr=t.learning_rate, betas=tuple(t.betas), eps=t.eps,
-                                      weight_decay=t.weight_decay)
+        optimizer = keep_kernel(torch.optim.AdamW(
+            [dict(params=params, name="adamw", initial_lr=t.learning_rate)], lr=t.learning_rate,
+            betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay, **kernel_args(fused_adamw)), fused_adamw)
         lines = [f"adamw: {len(params)} tensors, {sum(p.numel() for p in params):,} parameters, "
                  f"lr {t.learning_rate:.3g}"]
     elif t.optimizer == "muon_adamw":
-        m = t.muon
-        optimizer = MuonAdamW(
-            named, lr=t.learning_rate, weight_decay=t.weight_decay, betas=tuple(t.betas), eps=t.eps,
-            muon_momentum=m.momentum, nesterov=m.nesterov, ns_steps=m.ns_steps,
-            ns_coefficients=tuple(m.ns_coefficients), ns_dtype=m.ns_dtype, ns_method=m.ns_method,
-            adjust_lr_fn=m.adjust_lr_fn, muon_lr_scale=m.muon_lr_scale, routing=m.routing,
-            muon_include=None if m.include is None else list(m.include),
-            muon_exclude=None if m.exclude is None else list(m.exclude),
-            moe_num_experts=m.moe_num_experts, moe_top_k=m.moe_top_k, moe_expert_pattern=m.moe_expert_pattern,
-            world_size=world_size)
+        optimizer = MuonAdamW(named, lr=t.learning_rate, weight_decay=t.weight_decay, betas=tuple(t.betas), eps=t.eps,
+                              world_size=world_size, fused_adamw=fused_adamw, **muon_arguments(t.muon))
         lines = optimizer.split_summary()
     else:
         raise ValueError(f"training.optimizer is {t.optimizer!r}; expected one of {', '.join(OPTIMIZERS)}")
     if not dist.is_initialized() or dist.get_rank() == 0:
-        logger.info("optimizer %s, parameter split:\n  %s", t.optimizer, "\n  ".join(lines))
+        kernel = "fused" if fused_adamw else "torch default"
+        logger.info("optimizer %s (AdamW kernel: %s), parameter split:\n  %s", t.optimizer, kernel, "\n  ".join(lines))
     return optimizer

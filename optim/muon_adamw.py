@@ -7,24 +7,25 @@ It runs in two modes, chosen per param group at each step:
 - flat: DeepSpeed ZeRO-1/2 swapped the group's tensors for one flat fp32 partition: the
   momentum is kept in that flat layout and each matrix is orthogonalised by one owner
   rank (optim/partitioned.py).
-The update rule is DESIGN.md section 5; with `ns_dtype="bfloat16"` and `ns_method="standard"`
-it is torch.optim.Muon's, and the AdamW groups call torch's own AdamW kernel.
+The update rule and the state layout are in docs/optimizer.md; with `ns_dtype="bfloat16"` and
+`ns_method="standard"` it is torch.optim.Muon's, and the AdamW group calls torch's own AdamW
+kernel (optim/adamw.py). Defaults of the Muon arguments are MuonConfig's (optim/config.py).
 """
 import math
 import re
 
 import torch
 import torch.distributed as dist
-from torch.optim.adamw import adamw
-from torch.optim.optimizer import _get_scalar_dtype
 
-from optim.newton_schulz import (ADJUST_LR_FNS, DTYPES, NS_METHODS, muon_lr, ns_flops,
-                                  orthogonalize_stacks)
+from optim.adamw import adamw_group_step
+from optim.config import MuonConfig
+from optim.newton_schulz import ADJUST_LR_FNS, DTYPES, NS_METHODS, matrix_cost, muon_lr, orthogonalize_stacks
 from optim.ownership import balanced_order
-from optim.partitioned import FlatMuonPlan, flat_muon_step
+from optim.partitioned import FlatMuonPlan, owner_step
 from optim.routing import matrix_view, split_params
+from optim.update import decay_weights, momentum_update
 
-DEFAULT_MOE_EXPERT_PATTERN = r"(^|\.)experts?\."
+_MUON = MuonConfig()  # the one place the Muon defaults are written
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -35,15 +36,26 @@ class MuonAdamW(torch.optim.Optimizer):
     Each carries "name", "lr" and "initial_lr"; a scheduler sets lr = initial_lr * m.
     `world_size` (default: the process group's) fixes the order of the Muon tensors
     inside their group so that ZeRO's partitions give every rank an equal share of the
-    Newton-Schulz work (optim/ownership.py).
+    Newton-Schulz work (optim/ownership.py). `lr`, `weight_decay`, `betas`, `eps` default
+    to torch.optim.AdamW's; the Muon arguments are MuonConfig's fields (`muon_momentum` is
+    `momentum`, `muon_include` / `muon_exclude` are `include` / `exclude`).
+
+    `fused_adamw`: the "adamw" group uses torch's fused AdamW kernel (optim/adamw.py).
+    `flat_step`: how a flat (ZeRO-1/2) Muon group is orthogonalised and applied, a callable
+    `flat_step(x, update, group, plan)` given the flat partition `x`, its `update` (momentum
+    and Nesterov already applied, optim/update.py), the param group and the group's
+    `FlatMuonPlan`; it applies weight decay and the orthogonalised update to `x` in place.
+    Default `optim.partitioned.owner_step` (each matrix on one owner rank); the benchmark
+    passes a gather-everything variant to compare against.
     """
 
     def __init__(self, named_parameters, lr=1e-3, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8,
-                 muon_momentum=0.95, nesterov=True, ns_steps=5, ns_coefficients=(3.4445, -4.7750, 2.0315),
-                 ns_dtype="bfloat16", ns_method="standard", adjust_lr_fn="match_rms_adamw",
-                 muon_lr_scale=1.0, routing="all_hidden", muon_include=None, muon_exclude=None,
-                 moe_num_experts=1, moe_top_k=1, moe_expert_pattern=DEFAULT_MOE_EXPERT_PATTERN,
-                 muon_eps=1e-7, world_size=None):
+                 muon_momentum=_MUON.momentum, nesterov=_MUON.nesterov, ns_steps=_MUON.ns_steps,
+                 ns_coefficients=tuple(_MUON.ns_coefficients), ns_dtype=_MUON.ns_dtype, ns_method=_MUON.ns_method,
+                 adjust_lr_fn=_MUON.adjust_lr_fn, muon_lr_scale=_MUON.muon_lr_scale, routing=_MUON.routing,
+                 muon_include=_MUON.include, muon_exclude=_MUON.exclude, moe_num_experts=_MUON.moe_num_experts,
+                 moe_top_k=_MUON.moe_top_k, moe_expert_pattern=_MUON.moe_expert_pattern, muon_eps=1e-7,
+                 world_size=None, fused_adamw=False, flat_step=owner_step):
         ns_dtype = _dtype_name(ns_dtype)
         _check_choice("ns_method", ns_method, NS_METHODS)
         _check_choice("adjust_lr_fn", adjust_lr_fn, ADJUST_LR_FNS)
@@ -81,7 +93,8 @@ class MuonAdamW(torch.optim.Optimizer):
         if not groups:
             raise ValueError("MuonAdamW: no trainable parameters (every parameter has requires_grad=False)")
         super().__init__(groups, dict(lr=lr, weight_decay=weight_decay))
-        self._plans = {}
+        self.plans = {}
+        self.fused_adamw, self.flat_step = fused_adamw, flat_step
 
     def members(self, group_name):
         """The (name, param) pairs of a group, in the order the group holds them."""
@@ -112,80 +125,41 @@ class MuonAdamW(torch.optim.Optimizer):
         # DeepSpeed ZeRO calls step() once per group with param_groups narrowed to that group.
         for group in self.param_groups:
             if not group["muon"]:
-                self._adamw_step(group)
+                adamw_group_step(self.state, group, self.fused_adamw)
             elif self._is_flat(group):
                 self._flat_muon_step(group)
             else:
                 self._direct_muon_step(group)
         return loss
 
-    def _flat_muon_step(self, group):
-        flat_muon_step(self, group, self._plan(group))
-
-    def _plan(self, group):
+    def plan(self, group):
+        """The FlatMuonPlan of a flat Muon group (built at its first step, rebuilt if the partition changes)."""
         flat = group["params"][0]
-        plan = self._plans.get(group["name"])
+        plan = self.plans.get(group["name"])
         if plan is None or plan.partition_numel != flat.numel():
             plan = FlatMuonPlan(self._members[group["name"]], flat, group["ns_steps"])
-            self._plans[group["name"]] = plan
+            self.plans[group["name"]] = plan
         return plan
 
-    def _adamw_step(self, group):
-        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self.state[p]
-            if not state:  # the same state torch.optim.AdamW creates
-                state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            params.append(p)
-            grads.append(p.grad)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
-            steps.append(state["step"])
-        if params:
-            beta1, beta2 = group["betas"]
-            adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, beta1=beta1, beta2=beta2,
-                  lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+    def _flat_muon_step(self, group):
+        x = group["params"][0]
+        if x.grad is not None:
+            self.flat_step(x, momentum_update(self.state[x], x.grad, group), group, self.plan(group))
 
     def _direct_muon_step(self, group):
-        mu, params, stacks = group["momentum"], [], []
+        params, stacks = [], []
         for p in group["params"]:
-            if p.grad is None:
-                continue
-            buf = self.state[p].get("momentum_buffer")
-            if buf is None:
-                buf = self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
-            buf.lerp_(p.grad, 1 - mu)
-            update = p.grad.lerp(buf, mu) if group["nesterov"] else buf
-            params.append(p)
-            stacks.append(update.reshape(matrix_view(p.shape)))
+            if p.grad is not None:
+                params.append(p)
+                stacks.append(momentum_update(self.state[p], p.grad, group).reshape(matrix_view(p.shape)))
         for p, o in zip(params, orthogonalize_stacks(stacks, group)):
-            p.mul_(1 - group["lr"] * group["weight_decay"])
+            decay_weights(p, group)
             p.add_(o.reshape(p.shape), alpha=-muon_lr(group, o.shape))
-
-    def init_state(self):
-        """Create every state tensor now (zeros), as the first step would: lets a checkpoint
-        converter address state fragments (DeepSpeed's safe_set_full_optimizer_state) before training."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                state = self.state[p]
-                if state:
-                    continue
-                if group["muon"]:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                else:
-                    state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def _balanced(members, ns_steps, world_size):
-    views = [matrix_view(p.shape) for _, p in members]
-    order = balanced_order([p.numel() for _, p in members],
-                           [c * ns_flops(a, b, ns_steps) for c, a, b in views], world_size)
+    order = balanced_order([p.numel() for _, p in members], [matrix_cost(p.shape, ns_steps) for _, p in members],
+                           world_size)
     return [members[k] for k in order]
 
 

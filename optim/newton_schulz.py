@@ -11,6 +11,8 @@ from collections import defaultdict
 
 import torch
 
+from optim.routing import matrix_view
+
 NS_METHODS = ("standard", "gram")
 ADJUST_LR_FNS = ("match_rms_adamw", "original")
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -29,6 +31,12 @@ def ns_flops(a, b, steps=5):
     """Flops of the standard iteration on one a x b matrix (m = the smaller side)."""
     m, n = min(a, b), max(a, b)
     return steps * (4 * m * m * n + 2 * m ** 3)
+
+
+def matrix_cost(shape, steps=5):
+    """Flops of the standard iteration on a tensor of `shape`, seen as its matrices (`matrix_view`)."""
+    count, a, b = matrix_view(shape)
+    return count * ns_flops(a, b, steps)
 
 
 def adjusted_lr(lr, adjust_lr_fn, a, b):

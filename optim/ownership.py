@@ -16,8 +16,19 @@ each into the least loaded bin with room, lays the bins out one after the other 
 smallest tensor of each bin at its end (so a boundary that cuts a tensor cuts a cheap
 one), and keeps this order only if the predicted max load beats the model order.
 """
+from typing import NamedTuple
 
 ZERO_ALIGNMENT = 2  # DeepSpeed pads a group to a multiple of 2 * W elements (nccl_start_alignment_factor)
+
+
+class Piece(NamedTuple):
+    """The part of one tensor that lies in one rank's ZeRO partition."""
+    rank: int
+    start: int
+    """First element of the piece in the flattened tensor."""
+    numel: int
+    offset: int
+    """First element of the piece in that rank's partition."""
 
 
 def partition_size(total_numel, world_size):
@@ -26,31 +37,33 @@ def partition_size(total_numel, world_size):
 
 
 def predicted_pieces(numels, world_size):
-    """Pieces [(rank, start_in_tensor, numel)] of each tensor laid out back to back."""
+    """The pieces (a list of `Piece`) of each tensor, the tensors laid out back to back."""
     size = partition_size(sum(numels), world_size)
     pieces, offset = [], 0
     for n in numels:
         own = []
         for r in range(offset // size, (offset + n - 1) // size + 1):
             lo, hi = max(offset, r * size), min(offset + n, (r + 1) * size)
-            own.append((r, lo - offset, hi - lo))
+            own.append(Piece(r, lo - offset, hi - lo, lo - r * size))
         pieces.append(own)
         offset += n
     return pieces
 
 
 def assign_owners(pieces, costs, world_size):
-    """Owner rank of each tensor and the Newton-Schulz load of each rank (see module docstring)."""
+    """Owner rank of each tensor and the Newton-Schulz load of each rank (see module docstring).
+
+    `pieces[k]`: tensor k's pieces (`Piece`s, or anything with rank and numel), `costs[k]` its cost."""
     owners, loads = [None] * len(pieces), [0] * world_size
     straddlers = []
     for k, own in enumerate(pieces):
         if len(own) == 1:
-            owners[k] = own[0][0]
-            loads[own[0][0]] += costs[k]
+            owners[k] = own[0].rank
+            loads[own[0].rank] += costs[k]
         else:
             straddlers.append(k)
     for k in sorted(straddlers, key=lambda k: (-costs[k], k)):
-        rank = min(pieces[k], key=lambda piece: (loads[piece[0]], -piece[2], piece[0]))[0]
+        rank = min(pieces[k], key=lambda piece: (loads[piece.rank], -piece.numel, piece.rank)).rank
         owners[k] = rank
         loads[rank] += costs[k]
     return owners, loads

@@ -1,6 +1,6 @@
 """Which parameters Muon orthogonalises and which AdamW updates, decided by rule from names and shapes.
 
-The rule (DESIGN.md section 5): a trainable tensor goes to Muon when it is a matrix of a
+The rule (docs/optimizer.md): a trainable tensor goes to Muon when it is a matrix of a
 hidden layer, i.e. it has two or more dimensions, both matrix sides are larger than one,
 and its name matches none of the exclude patterns; everything else goes to AdamW.
 `exclude` patterns (config) add to the default excludes below; `include` patterns force a

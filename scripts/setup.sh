@@ -32,6 +32,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   fi
 fi
 "$PY" -m pip install -q -r requirements.txt
+"$PY" -m pip install -q --no-deps "openpi-client>=0.1.2,<0.2"  # see requirements.txt
 # DeepSpeed compiles its CPU shared-memory collective op on first use; build it once
 # here (cached under ~/.cache/torch_extensions) instead of inside the first run.
 "$PY" - <<'PY' >/dev/null 2>&1 || true

@@ -14,19 +14,28 @@ FAST = ["training.max_steps=6", "system.save_interval=3", "system.val_interval=1
         "logging.report_to=none", "training.warmup_steps=2"]
 
 
-def torchrun(nproc, args, timeout=420, env=None):
+def torchrun(nproc, args, timeout=420, env=None, log_file=None, script=os.path.join(ROOT, "train", "train.py")):
+    """`log_file`: stdout and stderr go to that file byte for byte, as a SLURM job's log (its text,
+    carriage returns kept, comes back as the result's stdout). `script`: what torchrun starts."""
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), os.path.join(ROOT, "train", "train.py"), *args]
+           "--master_port", str(free_port()), script, *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if log_file is None:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
+    with open(log_file, "wb") as f:
+        result = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=full_env)
+    with open(log_file, newline="") as f:
+        result.stdout, result.stderr = f.read(), ""
+    return result
 
 
 def train(tmp, nproc, run_name, overrides=(), deepspeed="configs/zero2.json", config="configs/tiny.yaml",
-          check=True, timeout=420):
+          check=True, timeout=420, **launch):
+    """`launch`: torchrun's log_file / script."""
     args = ["--config", config, "--checkpoint_dir", str(tmp), "--run_name", run_name]
     if deepspeed:
         args += ["--deepspeed", deepspeed]
-    result = torchrun(nproc, args + list(FAST) + list(overrides), timeout=timeout)
+    result = torchrun(nproc, args + list(FAST) + list(overrides), timeout=timeout, **launch)
     if check:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return result

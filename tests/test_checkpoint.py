@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from checkpoint.checkpointer import complete_checkpoints, resolve_resume_path
+from checkpoint.checkpointer import complete_checkpoints, resolve_resume_path, verify
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,7 +54,8 @@ CHILD = textwrap.dedent("""
     saver = ck.Checkpointer(run_dir, cfg, limit)
     saver.remove_interrupted_saves()
     for step in steps:
-        saver.save(step, Engine(), {{"step": step, "world_size": 1}}, Stats())
+        saver.save(step, Engine(), {{"step": step, "world_size": 1}}, Stats(),
+                   {{"weights_finite": True, "loss_finite": True}})
 """)
 
 
@@ -77,7 +78,8 @@ def digest(path):
 def test_complete_save_layout(tmp_path):
     assert run_child(tmp_path, [5]).returncode == 0
     ck = tmp_path / "checkpoint_step_5"
-    assert sorted(os.listdir(ck)) == ["COMPLETE", "config.yaml", "engine", "norm_stats.json", "rng", "trainer_state.json"]
+    assert sorted(os.listdir(ck)) == ["COMPLETE", "MANIFEST.json", "config.yaml", "engine", "norm_stats.json", "rng",
+                                      "trainer_state.json"]
     assert (tmp_path / "latest").read_text().strip() == "checkpoint_step_5"
     assert json.loads((ck / "trainer_state.json").read_text())["step"] == 5
     assert resolve_resume_path("auto", str(tmp_path)) == str(ck)
@@ -86,9 +88,9 @@ def test_complete_save_layout(tmp_path):
 # Moments of the second save (step 20) at which the process is killed: while the engine writes
 # its shards, while the trainer state / marker are written, at the rename, at the `latest` update,
 # and while retention deletes the oldest checkpoint.
-# (fsync_write: 1 trainer state, 2 marker, 3 latest; replace: 1 rename, 2 latest; rmtree: 1 stale
-# temporary folder, 2 retention.)
-KILL_POINTS = [("shard", 2), ("fsync_write", 2), ("replace", 1), ("fsync_write", 3), ("replace", 2),
+# (fsync_write: 1 trainer state, 2 config, 3 manifest, 4 marker, 5 latest; replace: 1 rename, 2 latest;
+# rmtree: 1 stale temporary folder, 2 retention.)
+KILL_POINTS = [("shard", 2), ("fsync_write", 4), ("replace", 1), ("fsync_write", 5), ("replace", 2),
                ("rmtree", 2)]
 
 
@@ -102,8 +104,7 @@ def test_kill_during_save_never_leaves_a_loadable_partial(tmp_path, kill):
     newest = resolve_resume_path("auto", str(tmp_path))
     assert newest in found
     for ck in found:  # whatever is complete is whole
-        assert (open(os.path.join(ck, "COMPLETE")).read().strip() == ck.rsplit("_", 1)[1])
-        assert len(os.listdir(os.path.join(ck, "engine"))) == 3
+        assert verify(ck) == [] and len(os.listdir(os.path.join(ck, "engine"))) == 3
     if newest.endswith("_10"):
         assert digest(tmp_path / "checkpoint_step_10") == before, "the older checkpoint was damaged"
     # a restarted run cleans up the interrupted save and saves again

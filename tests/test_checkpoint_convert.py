@@ -45,6 +45,7 @@ class TinyExperts(nn.Module):
         self.video_expert = nn.ModuleDict({"blocks": nn.ModuleList([Block(dim, hidden) for _ in range(2)])})
         self.action_expert = nn.ModuleDict({"blocks": nn.ModuleList([Block(dim, hidden)]),
                                             "decoder": nn.Linear(dim, action_dim)})
+        self.register_buffer("positions", torch.zeros(dim))  # persistent, like the action position table
 
     def forward(self, x):
         for block in list(self.video_expert["blocks"]) + list(self.action_expert["blocks"]):
@@ -98,7 +99,8 @@ def gather_state(engine):
                 entry = {"fp32": p.detach(), **{k: base.state[p][k] for k in keys}}
             entry["module"] = p.detach()
             params[names[id(p)]] = {k: v.clone() for k, v in entry.items()}
-    return {"params": params, "scalars": scalars, "global_steps": engine.global_steps}
+    return {"params": params, "scalars": scalars, "global_steps": engine.global_steps,
+            "buffers": {n: b.clone() for n, b in engine.module.named_buffers()}}
 
 
 def make_ema(engine, EMA):
@@ -123,6 +125,8 @@ def worker(phase, root, combos):
         stage, opt_name = combo.split("-", 1)
         torch.manual_seed(0)
         model = TinyExperts()
+        if source is None:  # a table loaded from elsewhere (not the constructor's) must survive resharding
+            model.positions.normal_(generator=torch.Generator().manual_seed(5))
         optimizer = build_optimizer(model, opt_name, world)
         config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
                   "gradient_clipping": 1.0, "zero_optimization": {"stage": int(stage)},
@@ -199,6 +203,8 @@ def test_resume_at_other_world_size_restores_every_tensor(runs, combo, source, t
     assert loaded["global_steps"] == saved["global_steps"] > 0
     assert loaded["scalars"] == saved["scalars"]
     assert set(loaded["params"]) == set(saved["params"])
+    assert torch.count_nonzero(saved["buffers"]["positions"]) > 0
+    assert torch.equal(loaded["buffers"]["positions"], saved["buffers"]["positions"])
     keys = set().union(*saved["params"].values()) - {"fp32", "module"}
     assert keys, "the optimizer saved no elementwise state"
     for name, tensors in saved["params"].items():
@@ -258,8 +264,9 @@ def test_plain_optimizer_state_follows_names_across_orders(tmp_path):
 
 
 def test_describe_reads_every_shard(runs, capsys):
-    from checkpoint.zero import ShardReader, main
-    main([os.path.join(runs, "train", "2-adamw")])
+    from checkpoint.__main__ import main
+    from checkpoint.zero import ShardReader
+    assert main(["describe", os.path.join(runs, "train", "2-adamw")]) == 0
     text = capsys.readouterr().out
     assert "written by 2 ranks, ZeRO stage 2" in text and "exp_avg_sq" in text
     reader = ShardReader(os.path.join(runs, "train", "2-adamw", "engine"))

@@ -6,7 +6,8 @@ import pytest
 from train.config import load_config
 from utils.config import ConfigError
 
-CONFIGS = ["configs/tiny.yaml", "configs/robotwin.yaml", "configs/latent_action.yaml", "configs/lerobot.yaml"]
+CONFIGS = ["configs/tiny.yaml", "configs/robotwin.yaml", "configs/latent_action.yaml", "configs/lerobot.yaml",
+           "configs/motus_finetune_lerobot.yaml"]
 
 
 @pytest.mark.parametrize("path", CONFIGS)

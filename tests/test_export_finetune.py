@@ -52,8 +52,9 @@ def write_checkpoint(state, cfg, path, complete=True):
     save_config(cfg, os.path.join(path, "config.yaml"))
     with open(os.path.join(path, "norm_stats.json"), "w") as f:
         json.dump({"action": {"mean": [0.5, -1.0, 2.0, 0.0]}}, f)
-    if complete:
-        open(os.path.join(path, "COMPLETE"), "w").close()
+    if complete:  # the marker names the step, as Checkpointer writes it (here: no manifest)
+        with open(os.path.join(path, "COMPLETE"), "w") as f:
+            f.write(path.rstrip("/").rsplit("_", 1)[1] + "\n")
     return path
 
 
@@ -149,7 +150,8 @@ def test_finetune_refuses_an_interrupted_or_unrelated_checkpoint(cfg, tmp_path):
     with pytest.raises(FinetuneError, match="no COMPLETE marker"):
         load_finetune_weights(world_model(cfg, seed=2), ckpt, [])
     other = torch.nn.Sequential(torch.nn.Linear(3, 3))
-    open(os.path.join(ckpt, "COMPLETE"), "w").close()
+    with open(os.path.join(ckpt, "COMPLETE"), "w") as f:
+        f.write("5\n")
     with pytest.raises(FinetuneError, match="shares no tensor with the model"):
         load_finetune_weights(other, ckpt, [])
 
@@ -194,6 +196,39 @@ def test_parse_size():
     assert parse_size("200KB") == 200_000 and parse_size("1024") == 1024
     with pytest.raises(ExportError, match="expected a size such as 5GB"):
         parse_size("5 parsecs")
+
+
+def test_finetune_and_export_verify_the_weights_file(cfg, trained, tmp_path):
+    """A checkpoint with a manifest: a damaged weights file stops the fine-tune and the export with
+    the file's name; damage elsewhere (optimizer state they do not read) does not."""
+    import hashlib
+    import shutil
+
+    from checkpoint.checkpointer import NOT_LISTED
+    from checkpoint.manifest import MANIFEST, digest_files, list_files, manifest_bytes
+
+    _, source = trained
+    ckpt = str(tmp_path / "checkpoint_step_3")
+    shutil.copytree(source, ckpt)
+    with open(os.path.join(ckpt, "engine", "zero_pp_rank_0_mp_rank_00_optim_states.pt"), "wb") as f:
+        f.write(b"optimizer state")
+    raw = manifest_bytes(3, digest_files(ckpt, list_files(ckpt, NOT_LISTED)), {"weights_finite": True})
+    with open(os.path.join(ckpt, MANIFEST), "wb") as f:
+        f.write(raw)
+    with open(os.path.join(ckpt, "COMPLETE"), "w") as f:
+        f.write(f"3\nmanifest {hashlib.sha256(raw).hexdigest()}\n")
+    load_finetune_weights(world_model(cfg, seed=2), ckpt, [])  # whole: loads
+    with open(os.path.join(ckpt, "engine", "zero_pp_rank_0_mp_rank_00_optim_states.pt"), "r+b") as f:
+        f.write(b"X")  # damage the state a fine-tune never reads
+    load_finetune_weights(world_model(cfg, seed=2), ckpt, [])
+    weights = os.path.join(ckpt, "engine", "mp_rank_00_model_states.pt")
+    with open(weights, "r+b") as f:
+        f.seek(os.path.getsize(weights) // 2)
+        f.write(b"\x00" * 64)
+    with pytest.raises(FinetuneError, match="mp_rank_00_model_states.pt: checksum mismatch"):
+        load_finetune_weights(world_model(cfg, seed=2), ckpt, [])
+    with pytest.raises(FinetuneError, match="fails verification"):
+        export_checkpoint(ckpt, str(tmp_path / "out"))
 
 
 def add_ema(ckpt, ema, updates=4):
@@ -260,3 +295,7 @@ def test_ema_export_errors(cfg, trained, tmp_path):
     add_ema(early, dict(world_model(cfg, seed=3).named_parameters()), updates=0)
     with pytest.raises(SystemExit, match="the EMA has had no update yet"):
         main([early, str(tmp_path / "b"), "--weights", "ema"])
+    from checkpoint.finetune import inference_weights
+    state, which, note = inference_weights(early)  # evaluation falls back to the raw weights, and says why
+    assert which == "raw" and "its EMA has had no update yet" in note
+    assert_same(state, raw)

@@ -1,5 +1,6 @@
 """The world model: tiny shapes and losses, gradients, the noise-level law, inference modes,
 export round trip, full-size counts on meta, loading errors."""
+import json
 import math
 import os
 import shutil
@@ -280,11 +281,17 @@ def test_bad_paths_raise_clear_errors(tiny_yaml, tmp_path):
         build_world_model(load_config(tiny_yaml, [f"model.vlm.checkpoint_path={empty}"]))
     with pytest.raises(ModelLoadError, match="input_dim is 2048"):
         build_world_model(load_config(tiny_yaml, ["model.und_expert.vlm.input_dim=2048"]))
-    # tiny frozen parts built from an older tiny size table are refused, not silently used
+    # tiny frozen parts built from an older tiny size table (or VAE recipe) are rebuilt, not silently used
     stale = tmp_path / "stale"
     shutil.copytree(os.path.dirname(load_config(tiny_yaml).model.wan.vae_path), stale)
     (stale / "tiny_size.json").write_text("{}")
-    with pytest.raises(ModelLoadError, match="another tiny size table"):
+    build_world_model(load_config(tiny_yaml, [f"model.wan.vae_path={stale}/vae", f"model.vlm.checkpoint_path="
+                                              f"{stale}/vlm", f"model.wan.text_encoder_path={stale}/text_encoder"]))
+    assert json.loads((stale / "tiny_size.json").read_text())["vae"] == "random"
+    (stale / "vae").rename(tmp_path / "foreign_vae")
+    (stale / "vae").mkdir()
+    (stale / "tiny_size.json").unlink()
+    with pytest.raises(ModelLoadError, match="no tiny_size.json"):
         build_world_model(load_config(tiny_yaml, [f"model.wan.vae_path={stale}/vae", f"model.vlm.checkpoint_path="
                                                   f"{stale}/vlm", f"model.wan.text_encoder_path={stale}/text_encoder"]))
     from models import WorldModel

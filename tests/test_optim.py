@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 import torch.optim._muon as torch_muon
 from optim import MuonAdamW, build_optimizer
 from optim.newton_schulz import ns_flops, orthogonalize
-from optim.ownership import assign_owners, balanced_order, partition_size, predicted_pieces
+from optim.ownership import Piece, assign_owners, balanced_order, partition_size, predicted_pieces
 from optim.routing import split_params
 from train.config import TrainingConfig
 
@@ -63,10 +63,10 @@ def _train(model, optimizers, steps, start=0):
             o.zero_grad()
 
 
-def _run_reference(model, steps, lr, wd, adjust_lr_fn):
+def _run_reference(model, steps, lr, wd, adjust_lr_fn, fused_adamw=False):
     """Reference step: torch.optim.Muon's own functional update on 2-D views of each matrix."""
     muon, adam = split_params(model.named_parameters())
-    adamw = torch.optim.AdamW([p for _, p in adam], lr=lr, weight_decay=wd)
+    adamw = torch.optim.AdamW([p for _, p in adam], lr=lr, weight_decay=wd, fused=fused_adamw or None)
     bufs = {n: torch.zeros_like(p) for n, p in muon}
     for s in range(steps):
         _loss(model, s).backward()
@@ -98,13 +98,14 @@ def _zeropower_float32(grad, ns_coefficients, ns_steps, eps):
     return ortho
 
 
-@pytest.mark.parametrize("adjust_lr_fn", ["match_rms_adamw", "original"])
-def test_bfloat16_matches_torch_muon_and_adamw(adjust_lr_fn):
+@pytest.mark.parametrize("adjust_lr_fn,fused_adamw", [("match_rms_adamw", False), ("original", False),
+                                                     ("match_rms_adamw", True)])
+def test_bfloat16_matches_torch_muon_and_adamw(adjust_lr_fn, fused_adamw):
     ours, ref = Net(), Net()
     opt = MuonAdamW(ours.named_parameters(), lr=0.01, weight_decay=0.1, ns_dtype="bfloat16",
-                    adjust_lr_fn=adjust_lr_fn)
+                    adjust_lr_fn=adjust_lr_fn, fused_adamw=fused_adamw)
     _train(ours, [opt], 20)
-    _run_reference(ref, 20, 0.01, 0.1, adjust_lr_fn)
+    _run_reference(ref, 20, 0.01, 0.1, adjust_lr_fn, fused_adamw)
     muon_names = {n for n, _ in split_params(ref.named_parameters())[0]}
     assert muon_names == {"blocks.0.up.weight", "blocks.0.down.weight", "blocks.0.sq.weight", "blocks.1.up.weight",
                           "blocks.1.down.weight", "blocks.1.sq.weight", "stack"}
@@ -126,6 +127,76 @@ def test_float32_matches_torch_muon_algorithm(monkeypatch):
     assert worst < 1e-6
     moved = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), Net().parameters()))
     assert moved > 1e-2  # the comparison is not vacuous
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the calls of torch's fused AdamW kernel."""
+    calls, kernel = [], torch._fused_adamw_
+    monkeypatch.setattr(torch, "_fused_adamw_", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    return calls
+
+
+def test_fused_adamw_is_the_same_adamw(fused_calls):
+    runs = {}
+    for fused in (False, True):
+        model = Net()
+        opt = MuonAdamW(model.named_parameters(), lr=0.01, weight_decay=0.1, ns_dtype="float32", fused_adamw=fused)
+        _train(model, [opt], 20)
+        runs[fused] = dict(model.named_parameters())
+        assert len(fused_calls) == (20 if fused else 0)  # one launch per step for the whole group
+    worst = max(((runs[True][n] - p).norm() / p.norm()).item() for n, p in runs[False].items())
+    assert worst < 1e-5  # fp32 round-off: the fused kernel orders its arithmetic differently
+    moved = max((a - b).abs().max().item() for a, b in zip(runs[True].values(), Net().parameters()))
+    assert moved > 1e-2
+
+
+@pytest.mark.parametrize("optimizer", ["muon_adamw", "adamw"])
+def test_fused_adamw_setting_survives_resume_across_settings(optimizer, fused_calls):
+    cfg = OmegaConf.structured(TrainingConfig)
+    cfg.optimizer, cfg.learning_rate, cfg.muon.ns_dtype = optimizer, 0.01, "float32"
+    straight = Net()
+    opt = build_optimizer(straight.named_parameters(), cfg, world_size=1)
+    _train(straight, [opt], 5)
+    saved_model, saved_opt = copy.deepcopy(straight.state_dict()), copy.deepcopy(opt.state_dict())
+    _train(straight, [opt], 5, start=5)
+    resumed = Net()
+    resumed.load_state_dict(saved_model)
+    fused = build_optimizer(resumed.named_parameters(), cfg, world_size=1, fused_adamw=True)
+    fused.load_state_dict(saved_opt)  # written without the fused kernel
+    _train(resumed, [fused], 5, start=5)
+    assert len(fused_calls) == 5  # the run's setting, not the checkpoint's, picks the kernel
+    assert all(g.get("fused", True) for g in fused.param_groups if g["name"] == "adamw")
+    worst = max(((a - b).norm() / b.norm()).item() for a, b in zip(resumed.parameters(), straight.parameters()))
+    assert worst < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_adamw_on_cuda_keeps_the_step_counter_on_the_device():
+    runs = {}
+    for fused in (False, True):
+        model = Net().cuda()
+        opt = MuonAdamW(model.named_parameters(), lr=0.01, ns_dtype="float32", fused_adamw=fused)
+        for s in range(5):
+            x, y = (t.cuda() for t in _batch(s))
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        steps = [st["step"] for st in opt.state.values() if "step" in st]
+        assert all(t.device.type == ("cuda" if fused else "cpu") and t.dtype == torch.float32 for t in steps)
+        runs[fused] = (model, opt)
+    (model, unfused), (fused_model, fused) = runs[False], runs[True]
+    fused_model.load_state_dict(model.state_dict())
+    fused.load_state_dict(unfused.state_dict())  # step counters arrive on the CPU
+    x, y = (t.cuda() for t in _batch(5))
+    for m, opt in ((model, unfused), (fused_model, fused)):
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    assert all(st["step"].device.type == "cuda" and st["step"].item() == 6 for st in fused.state.values()
+               if "step" in st)
+    worst = max(((a - b).norm() / b.norm()).item() for a, b in zip(fused_model.parameters(), model.parameters()))
+    assert worst < 1e-5  # the same step from the same state, within fp32 round-off
 
 
 def test_gram_method_matches_standard():
@@ -194,18 +265,20 @@ def test_ownership_plan_covers_every_matrix_once_and_balances():
         assert sorted(order) == list(range(len(shapes)))
         pieces = predicted_pieces([numels[k] for k in order], world)
         owners, loads = assign_owners(pieces, [costs[k] for k in order], world)
+        size = partition_size(sum(numels), world)
         for k, own in zip(order, pieces):
-            assert sum(n for _, _, n in own) == numels[k]
+            assert sum(pc.numel for pc in own) == numels[k]
+            assert all(0 <= pc.offset and pc.offset + pc.numel <= size for pc in own)
         for own, owner in zip(pieces, owners):
-            assert owner in [r for r, _, _ in own]  # the owner holds a piece of the matrix
+            assert owner in [pc.rank for pc in own]  # the owner holds a piece of the matrix
         assert sum(loads) == sum(costs)  # every matrix counted exactly once
         assert max(loads) / (sum(costs) / world) < 1.03, world
-        assert sum(n for own in pieces for _, _, n in own) <= partition_size(sum(numels), world) * world
+        assert sum(pc.numel for own in pieces for pc in own) <= size * world
 
 
 def test_straddler_goes_to_least_loaded_holder():
     # rank 0 holds a big local matrix; the straddler between 0 and 1 must go to rank 1
-    pieces = [[(0, 0, 90)], [(0, 0, 10), (1, 10, 10)], [(1, 0, 80)]]
+    pieces = [[Piece(0, 0, 90, 0)], [Piece(0, 0, 10, 90), Piece(1, 10, 10, 0)], [Piece(1, 0, 80, 10)]]
     owners, loads = assign_owners(pieces, [900, 200, 100], 2)
     assert owners == [0, 1, 1] and loads == [900, 300]
 
@@ -245,12 +318,57 @@ def test_build_optimizer_from_config(caplog):
         build_optimizer(Net().named_parameters(), cfg, world_size=1)
 
 
+def _muon_loads(optimizer, world):
+    """Predicted Newton-Schulz flops per rank of the optimizer's Muon order at `world` ranks."""
+    members = optimizer.members("muon")
+    pieces = predicted_pieces([p.numel() for _, p in members], world)
+    return assign_owners(pieces, [ns_flops(*p.shape[-2:]) * (p.shape[0] if p.ndim == 3 else 1)
+                                  for _, p in members], world)[1]
+
+
 def test_order_inside_group_follows_world_size():
     model = Net()
     one = [n for n, _ in MuonAdamW(model.named_parameters(), world_size=1).members("muon")]
     assert one == [n for n, _ in split_params(model.named_parameters())[0]]
     two = [n for n, _ in MuonAdamW(model.named_parameters(), world_size=2).members("muon")]
     assert sorted(two) == sorted(one)
+
+
+class Skewed(torch.nn.Module):
+    """Four expensive square matrices first, then four cheap thin ones of the same size: in model
+    order rank 0 of 2 holds all the expensive ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.square = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(32, 32)) for _ in range(4))
+        self.thin = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(2, 512)) for _ in range(4))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_balanced_order_beats_model_order(world):
+    model = Skewed()
+    model_order = _muon_loads(MuonAdamW(model.named_parameters(), world_size=1), world)
+    balanced = _muon_loads(MuonAdamW(model.named_parameters(), world_size=world), world)
+    assert sum(balanced) == sum(model_order)
+    assert max(balanced) < max(model_order)
+    if world == 3:  # four equal squares on three ranks: two on one rank is the floor
+        assert max(balanced) == 2 * ns_flops(32, 32)
+    else:  # the squares split evenly; only the cheap thin matrices are left to even out
+        assert max(balanced) <= sum(balanced) / world + ns_flops(2, 512)
+
+
+def test_each_world_size_gets_its_own_balanced_order():
+    shapes = [(96, 96)] * 3 + [(96, 24)] * 6 + [(24, 96)] * 6 + [(8, 288)] * 6
+    named = [(f"blocks.{k}.w", torch.nn.Parameter(torch.zeros(s))) for k, s in enumerate(shapes)]
+    worlds = (1, 2, 3, 4, 6)
+    optimizers = {w: MuonAdamW(named, world_size=w) for w in worlds}
+    floor = ns_flops(96, 96)  # one tensor has one owner: no rank can do less than the largest
+    for world in worlds[1:]:
+        peak = {w: max(_muon_loads(opt, world)) for w, opt in optimizers.items()}  # every order, at this W
+        own = _muon_loads(optimizers[world], world)
+        assert max(own) <= 1.25 * max(floor, sum(own) / world), (world, own)
+        assert peak[world] == min(peak.values()), (world, peak)  # its own order is the best of them all
+        assert peak[world] < max(peak.values()), (world, peak)  # and strictly better than some other W's
 
 
 def test_bad_arguments_name_the_key():

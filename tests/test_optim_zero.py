@@ -17,10 +17,10 @@ from optim import MuonAdamW  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 
 WORLD, STEPS, BATCH = 2, 20, 8
-CASES = {  # name: (zero stage, gradient clipping, bf16)
-    "zero0": (0, 0.0, False), "zero1": (1, 0.0, False), "zero2": (2, 0.0, False),
-    "zero2_clip": (2, 0.05, False), "zero1_bf16": (1, 0.0, True), "zero2_bf16": (2, 0.0, True),
-    "zero0_bf16": (0, 0.0, True),
+CASES = {  # name: (zero stage, gradient clipping, bf16, fused AdamW)
+    "zero0": (0, 0.0, False, False), "zero1": (1, 0.0, False, False), "zero2": (2, 0.0, False, False),
+    "zero2_clip": (2, 0.05, False, False), "zero1_bf16": (1, 0.0, True, False), "zero2_bf16": (2, 0.0, True, False),
+    "zero0_bf16": (0, 0.0, True, False), "zero2_fused": (2, 0.0, False, True),
 }
 
 
@@ -50,8 +50,9 @@ def _batch(step):
     return torch.randn(BATCH, 12, generator=g), torch.randn(BATCH, 4, generator=g)
 
 
-def _optimizer(model, world):
-    return MuonAdamW(model.named_parameters(), lr=0.02, weight_decay=0.1, ns_dtype="float32", world_size=world)
+def _optimizer(model, world, fused_adamw=False):
+    return MuonAdamW(model.named_parameters(), lr=0.02, weight_decay=0.1, ns_dtype="float32", world_size=world,
+                     fused_adamw=fused_adamw)
 
 
 def reference(clip=0.0, steps=STEPS, with_state=False):
@@ -74,10 +75,10 @@ def reference(clip=0.0, steps=STEPS, with_state=False):
     return params
 
 
-def _engine(stage, clip, bf16):
+def _engine(stage, clip, bf16, fused_adamw=False):
     import deepspeed
     model = Toy()
-    opt = _optimizer(model, WORLD)
+    opt = _optimizer(model, WORLD, fused_adamw)
     config = {"train_micro_batch_size_per_gpu": BATCH // WORLD, "gradient_accumulation_steps": 1,
               "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": stage},
               "gradient_clipping": clip, "bf16": {"enabled": bf16}}
@@ -105,11 +106,11 @@ def _worker(rank, out_dir, port):
     import deepspeed
     deepspeed.init_distributed(dist_backend="gloo")
     result = {}
-    for name, (stage, clip, bf16) in CASES.items():
-        engine, model, opt = _engine(stage, clip, bf16)
+    for name, (stage, clip, bf16, fused) in CASES.items():
+        engine, model, opt = _engine(stage, clip, bf16, fused)
         _train(engine, rank, 0, STEPS)
         plans = {g: (sum(e.owner == rank for e in p.entries), len(p.straddlers), p.extra_elements())
-                 for g, p in opt._plans.items()}
+                 for g, p in opt.plans.items()}
         state_bytes = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                           if t.dim() > 0)
         result[name] = dict(params=_params(model), plans=plans, state_bytes=state_bytes,
@@ -148,6 +149,14 @@ def test_zero_matches_one_process(runs, case):
     assert ranks[0][case]["params"].keys() == ranks[1][case]["params"].keys()
 
 
+def test_fused_adamw_on_flat_partitions(runs):
+    ranks, _ = runs
+    fused, unfused = ranks[0]["zero2_fused"]["params"], ranks[0]["zero2"]["params"]
+    assert _max_rel(fused, unfused) < 1e-5  # the same AdamW within fp32 round-off
+    assert _max_rel(fused, reference()) < 1e-5
+    assert ranks[0]["zero2_fused"]["state_keys"] == ranks[0]["zero2"]["state_keys"]
+
+
 def test_clipping_acts_on_raw_gradients(runs):
     ranks, _ = runs
     clipped = reference(clip=0.05)
@@ -178,6 +187,18 @@ def test_each_matrix_owned_once_and_state_sharded(runs, case):
         assert abs(r[case]["state_bytes"] / expected - 1) < 0.02
         assert r[case]["state_keys"] == {"muon": ["momentum_buffer"], "adamw": ["exp_avg", "exp_avg_sq", "step"]}
         assert not r[case]["has_use_muon"]
+
+
+@pytest.mark.parametrize("case", ["zero1", "zero2"])
+def test_plan_predicts_ownership_and_traffic(runs, case):
+    """optim/plan.py's prediction from shapes alone matches what the ranks measured."""
+    from optim.config import MuonConfig
+    from optim.plan import muon_plan
+    ranks, _ = runs
+    predicted = muon_plan(Toy().named_parameters(), MuonConfig(ns_dtype="float32"), WORLD)
+    measured = [r[case]["plans"]["muon"][2] * 4 for r in ranks]  # elements sent, fp32 Newton-Schulz
+    assert predicted["extra_bytes_per_rank"] == measured and sum(measured) > 0
+    assert predicted["tensors"] == sum(r[case]["plans"]["muon"][0] for r in ranks)
 
 
 def test_checkpoint_resume_is_exact(runs):

@@ -14,6 +14,7 @@ from typing import List, Optional
 from omegaconf import OmegaConf
 
 from data.config import DatasetConfig
+from inference.config import ServingConfig
 from models.config import ModelConfig
 from optim.config import MuonConfig
 from utils.config import ConfigError, check_choice, load_structured, require
@@ -91,6 +92,9 @@ class TrainingConfig:
     """cosine: the lr reached at max_steps."""
     grad_clip_norm: float = 1.0
     """Global gradient norm clip (DeepSpeed `gradient_clipping`); 0 disables."""
+    max_nonfinite_steps: int = 5
+    """A step with a non-finite loss or gradient norm on any rank is skipped (counted as
+    skipped_nonfinite_steps); after this many in a row the run stops with exit code 76, without saving."""
     seed: int = 42
     """Seeds initialisation, data order and the per-sample noise."""
     ema: EmaConfig = field(default_factory=EmaConfig)
@@ -124,10 +128,15 @@ class SystemConfig:
 class LoggingConfig:
     report_to: str = "tensorboard"
     """tensorboard, wandb, all or none."""
-    wandb_project: str = "motus"
-    """wandb project name."""
-    wandb_mode: str = "online"
-    """online, offline or disabled."""
+    wandb_mode: Optional[str] = None
+    """online, offline or disabled, winning over WANDB_MODE; null: wandb decides (WANDB_MODE, `wandb
+    offline`, else online)."""
+    wandb_project: Optional[str] = None
+    """null: wandb decides (WANDB_PROJECT, else its default project); a value wins over WANDB_PROJECT."""
+    wandb_entity: Optional[str] = None
+    """null: wandb decides (WANDB_ENTITY, else your default entity); a value wins over WANDB_ENTITY."""
+    progress: str = "auto"
+    """auto (a bar when stderr is a terminal, else a log line per logging step), bar or lines."""
     tensorboard_log_dir: str = "tensorboard_logs"
     """Relative to the run directory."""
     run_name: Optional[str] = None
@@ -145,7 +154,7 @@ class ResumeConfig:
 @dataclass
 class FinetuneConfig:
     checkpoint_path: Optional[str] = None
-    """Weights only: a checkpoint_step_N folder or an exported folder."""
+    """Weights only: a checkpoint_step_N folder, an exported folder or a Motus checkpoint folder."""
     allow_shape_mismatch: List[str] = field(default_factory=list)
     """Regex patterns of parameter names that may change shape (skipped, left at init)."""
 
@@ -160,6 +169,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
 
 
@@ -178,7 +188,7 @@ def choices():
     from optim.build import OPTIMIZERS
     from optim.newton_schulz import ADJUST_LR_FNS, DTYPES, NS_METHODS
     from optim.routing import PRESETS
-    from utils.metrics import REPORT_TO, WANDB_MODES
+    from utils.metrics import PROGRESS, REPORT_TO, WANDB_MODES
     from utils.schedule import SCHEDULES
 
     return {
@@ -199,6 +209,7 @@ def choices():
         "training.muon.routing": PRESETS,
         "logging.report_to": REPORT_TO,
         "logging.wandb_mode": WANDB_MODES,
+        "logging.progress": PROGRESS,
         "system.log_level": LOG_LEVELS,
     }
 
@@ -207,10 +218,12 @@ POSITIVE_INTS = (
     "common.action_dim", "common.state_dim", "common.num_video_frames", "common.video_height",
     "common.video_width", "common.global_downsample_rate", "common.video_action_freq_ratio",
     "training.batch_size", "training.gradient_accumulation_steps", "training.max_steps",
+    "training.max_nonfinite_steps",
     "training.muon.ns_steps", "training.muon.moe_num_experts", "training.muon.moe_top_k",
     "system.log_interval", "system.save_interval", "system.val_interval", "system.val_batches",
     "system.dist_timeout_minutes", "model.inference.num_inference_timesteps",
     "model.action_expert.ffn_dim_multiplier", "model.und_expert.ffn_dim_multiplier",
+    "serving.max_batch_size",
     "training.ema.update_every",
 )
 
@@ -254,6 +267,8 @@ def _check_values(cfg, source):
         (0 <= td.min_t <= td.max_t <= 1, "model.time_distribution.min_t/max_t", [td.min_t, td.max_t],
          "0 <= min_t <= max_t <= 1"),
         (td.shift > 0, "model.time_distribution.shift", td.shift, "a positive number"),
+        (cfg.model.action_expert.position_scale > 0, "model.action_expert.position_scale",
+         cfg.model.action_expert.position_scale, "a positive number"),
         (td.sigmoid_scale > 0, "model.time_distribution.sigmoid_scale", td.sigmoid_scale, "a positive number"),
         (min(cfg.model.loss_weights.values()) >= 0 and sum(cfg.model.loss_weights.values()) > 0,
          "model.loss_weights", dict(cfg.model.loss_weights), "weights >= 0, not all zero"),
@@ -261,6 +276,7 @@ def _check_values(cfg, source):
         (cfg.system.total_limit is None or cfg.system.total_limit >= 1, "system.total_limit",
          cfg.system.total_limit, "null (keep all) or a positive integer"),
         (cfg.system.num_workers >= 0, "system.num_workers", cfg.system.num_workers, "an integer >= 0"),
+        (cfg.serving.batch_window_ms >= 0, "serving.batch_window_ms", cfg.serving.batch_window_ms, "a number >= 0"),
     ]
     for ok, key, value, expected in rules:
         require(source, ok, key, value, expected)
@@ -273,9 +289,22 @@ def _check_values(cfg, source):
                 f"one non-negative number per dataset_dir entry ({len(dirs)} in all) with a positive sum")
     if d.type == "robotwin" and d.task_mode == "single" and not d.task_name:
         raise ConfigError(f"{source}: 'dataset.task_mode' is single but 'dataset.task_name' is not set")
+    _check_serving(cfg.serving, source)
     if cfg.resume.checkpoint_path is not None and cfg.finetune.checkpoint_path is not None:
         raise ConfigError(f"{source}: 'resume.checkpoint_path' and 'finetune.checkpoint_path' are both "
                           "set; resume continues a run, finetune starts a new one from weights: pick one")
+
+
+def _check_serving(sv, source):
+    keys = list(sv.image_keys) + [sv.state_key, sv.prompt_key]
+    require(source, len(sv.image_keys) > 0, "serving.image_keys", list(sv.image_keys),
+            "at least one observation key (one per recipe camera)")
+    require(source, len(set(keys)) == len(keys) and all(keys), "serving.image_keys/state_key/prompt_key", keys,
+            "distinct, non-empty observation keys")
+    if sv.image_shape is not None:
+        shape = list(sv.image_shape)
+        require(source, len(shape) == 3 and shape[2] == 3 and min(shape) > 0, "serving.image_shape", shape,
+                "null or [H, W, 3] with positive H and W")
 
 
 def check_launch(cfg, world_size, deepspeed):
@@ -293,9 +322,14 @@ def check_launch(cfg, world_size, deepspeed):
                           "use fp32_mixed without DeepSpeed")
 
 
-def load_config(path, overrides=()):
-    """Load `path` (YAML), apply `key=value` overrides, check every rule, derive; read-only result."""
+def load_config(path, overrides=(), saved=False):
+    """Load `path` (YAML), apply `key=value` overrides, check every rule, derive; read-only result.
+    saved: `path` is a config.yaml written by save_config (a run's or a checkpoint's): its derived
+    fields are recomputed instead of refused."""
     cfg = load_structured(Config, path, overrides)
+    if saved:
+        for key in DERIVED:
+            OmegaConf.update(cfg, key, None)
     _check_values(cfg, path)
     cfg.common.action_chunk_size = cfg.common.num_video_frames * cfg.common.video_action_freq_ratio
     OmegaConf.set_readonly(cfg, True)

@@ -54,6 +54,12 @@ def load_deepspeed_config(path, cfg, world_size):
     stage = ds.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2):
         raise ValueError(f"{path}: zero_optimization.stage is {stage}; this recipe supports ZeRO 0, 1 and 2")
+    # The non-finite step guard (Engine.micro_step) relies on DeepSpeed skipping an update whose
+    # global gradient norm is not finite: these two switches turn that off.
+    for section, key in (("bf16", "check_grad_overflow"), ("zero_optimization", "compute_grad_norm")):
+        if ds.get(section, {}).get(key, True) is False:
+            raise ValueError(f"{path}: '{section}.{key}' is false; remove it: a step with a non-finite loss "
+                             "or gradient must be skipped, which needs DeepSpeed's gradient check")
     if cfg.training.ema.enabled and stage == 0 and bf16:  # DeepSpeed's bf16 optimizer hides its fp32 masters
         raise ValueError(f"{path}: training.ema needs ZeRO stage 1 or 2 under model.precision=bf16_mixed "
                          "(stage 0 keeps no fp32 weights the EMA can follow); use configs/zero1.json or zero2.json")
@@ -76,26 +82,44 @@ def make_accelerator(ds_config, timeout_minutes):
     _single_process_env()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    # cpu=True would silently drop DeepSpeed; the backend choice is what makes CPU work.
+    # cpu=True would silently drop DeepSpeed; the backend choice is what makes CPU work. Without
+    # DeepSpeed on CPU it is what makes accelerate wrap the model in DDP (else every rank trains alone).
     return Accelerator(
+        cpu=not ds_config and not torch.cuda.is_available(),
         deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config) if ds_config else None,
         kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=timedelta(minutes=timeout_minutes))],
     )
 
 
+def poison_nonfinite(loss):
+    """The loss to back-propagate: itself when finite (times exactly 1.0), else with every gradient
+    made NaN. A non-finite loss on one rank then makes the globally reduced gradients, and so the
+    global gradient norm, non-finite on every rank: the one norm check that skips the update
+    (DeepSpeed's, or ours under DDP) covers a bad loss too, with no extra collective or host sync."""
+    scale = torch.where(torch.isfinite(loss.detach()), 1.0, float("nan")).to(loss.dtype)
+    return loss * scale
+
+
 class Engine:
-    """Runs micro-steps and optimizer steps; saves and loads model + optimizer state."""
+    """Runs micro-steps and optimizer steps; saves and loads model + optimizer state.
+
+    A step whose loss or gradient norm is not finite on any rank updates nothing on any rank:
+    `optimizer_step` then reports it as skipped (see `poison_nonfinite`).
+    """
 
     def __init__(self, accelerator, model, optimizer, cfg):
         self.accelerator = accelerator
         self.grad_accum = cfg.training.gradient_accumulation_steps
         self.clip = cfg.training.grad_clip_norm
         self.deepspeed = accelerator.state.deepspeed_plugin is not None
+        self._stage0_skipped = False  # DeepSpeed without ZeRO: this step's gradients were dropped
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         if self.deepspeed:
             self.ds = self.model  # the DeepSpeedEngine
             base = self.ds.optimizer.optimizer if hasattr(self.ds.optimizer, "optimizer") else self.ds.optimizer
             self.base_optimizer = base
+            if not self.ds.zero_optimization():
+                self._guard_client_step()
         else:
             self.base_optimizer = optimizer
         self.ema = build_ema(self, cfg.training.ema)  # None unless training.ema.enabled
@@ -117,27 +141,73 @@ class Engine:
         if self.deepspeed:
             self.ds.set_gradient_accumulation_boundary(is_last)
             out = self.model(inputs)
-            self.ds.backward(out["loss"])  # DeepSpeed divides by gradient_accumulation_steps
-            self.ds.step()  # a no-op except at the boundary: clip, update, zero grads
+            self.ds.backward(poison_nonfinite(out["loss"]))  # DeepSpeed divides by gradient_accumulation_steps
+            if is_last and not self.ds.zero_optimization():
+                self._check_stage0_grads()
+            # a no-op except at the boundary: clip, update, zero grads; ZeRO-1/2 (and DeepSpeed's bf16
+            # optimizer) skip the update when the global gradient norm is not finite
+            self.ds.step()
             return out
         sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(self.model)
         with sync:
             out = self.model(inputs)
-            self.accelerator.backward(out["loss"] / self.grad_accum)
+            self.accelerator.backward(poison_nonfinite(out["loss"]) / self.grad_accum)
         return out
 
+    def _check_stage0_grads(self):
+        """DeepSpeed without ZeRO in fp32 steps the client optimizer as it is, unchecked: when the
+        gradients (whole, and the same on every rank after the all-reduce) are not finite, the
+        client optimizer's step is suppressed for this step (see `_guard_client_step`)."""
+        if self.ds.bfloat16_enabled() or self.ds.fp16_enabled():
+            return  # DeepSpeed's own low-precision optimizers check the norm themselves
+        grads = [p.grad for g in self.base_optimizer.param_groups for p in g["params"] if p.grad is not None]
+        # one flag read: whether the update runs is decided on the host (as DeepSpeed's check does)
+        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)).item():
+            self._stage0_skipped = True
+            self.ds.skipped_steps += 1  # DeepSpeed counts the step as taken; its skip counter agrees
+
+    def _guard_client_step(self):
+        """Let `_check_stage0_grads` suppress one step of the client optimizer (DeepSpeed stage 0
+        clips, steps and zeroes the gradients itself: its counters stay as for any step)."""
+        step = self.base_optimizer.step
+
+        def guarded(*args, **kwargs):
+            return None if self._stage0_skipped else step(*args, **kwargs)
+        self.base_optimizer.step = guarded
+
     def optimizer_step(self):
-        """Finish the update after the last micro-step; return the pre-clip gradient norm (a tensor
-        or a number: it is read back to the host only when it is logged)."""
+        """Finish the update after the last micro-step. Returns (the pre-clip gradient norm, skipped):
+        the norm is a tensor or a number, read back to the host only when it is logged; `skipped`
+        (a bool, the same on every rank) says the update was not applied because the loss or the
+        gradient norm was not finite on some rank."""
         if self.deepspeed:
             norm = self.ds.get_global_grad_norm()
-            return norm if norm is not None else float("nan")
+            skipped = not self.ds.was_step_applied() or self._stage0_skipped
+            self._stage0_skipped = False
+            return (norm if norm is not None else float("nan")), skipped
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = self.clip if self.clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        self.optimizer.step()
+        # The norm is global (DDP's gradients are all-reduced); the ranks still agree on a flag, so that
+        # no rank can step alone. One small flag read per step, unavoidable: whether optimizer.step()
+        # runs is host control flow.
+        bad = (~torch.isfinite(norm)).float().reshape(1)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        skipped = bool(bad.item())
+        if not skipped:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        return norm, skipped
+
+    @torch.no_grad()
+    def weights_finite(self):
+        """Collective: True on every rank when every rank's parameters are all finite (read at a save)."""
+        flags = [torch.isfinite(p).all() for p in self.unwrapped_model().parameters()]
+        bad = (~torch.stack(flags).all()).float().reshape(1) if flags else torch.zeros(1, device=self.device)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        return not bool(bad.item())
 
     def train(self):
         self.model.train()
@@ -151,7 +221,15 @@ class Engine:
         layout that lets a checkpoint move to another world size (checkpoint/zero.py)."""
         engine_dir = os.path.join(directory, "engine")
         if self.deepspeed:
-            self.ds.save_checkpoint(directory, tag="engine", exclude_frozen_parameters=True)
+            try:
+                self.ds.save_checkpoint(directory, tag="engine", exclude_frozen_parameters=True)
+            except Exception:
+                # A write failed on this rank (a full disk): its writes come after save_checkpoint's
+                # last collective but one, the closing barrier, which the other ranks are waiting in.
+                # Meet them there, so that the caller's agreement on the failure is the next collective.
+                if torch.distributed.is_initialized():
+                    torch.distributed.barrier()
+                raise
             save_layout(self.ds, engine_dir)
         elif self.accelerator.is_main_process:
             os.makedirs(engine_dir, exist_ok=True)

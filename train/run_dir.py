@@ -30,9 +30,10 @@ def newest_run_with_checkpoint(config_dir):
 def choose_run_dir(cfg, stem):
     """Return (run_dir, checkpoint to resume from or None).
 
-    resume.checkpoint_path = a folder: continue that run in its own folder.
-    resume.checkpoint_path = auto: the named run's newest checkpoint, or without a run name the newest
-    run of this config; start fresh if there is none.
+    resume.checkpoint_path = a folder: continue that run in its own folder (verified first).
+    resume.checkpoint_path = auto: the named run's newest checkpoint that passes verification, or
+    without a run name the newest run of this config; start fresh if there is none. A run whose
+    checkpoints all fail verification is an error, never a fresh start. Collective (verification).
     """
     config_dir = os.path.join(cfg.system.checkpoint_dir, stem)
     name = cfg.logging.run_name

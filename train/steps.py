@@ -13,12 +13,15 @@ class TrainerState:
     step: int = 0
     """Optimizer updates taken."""
     samples_seen: int = 0
+    skipped_nonfinite_steps: int = 0
+    """Steps whose update was skipped: a non-finite loss or gradient norm on some rank (train/guard.py)."""
 
     def state_dict(self):
         return asdict(self)
 
     def load_state_dict(self, sd):
         self.step, self.samples_seen = int(sd["step"]), int(sd["samples_seen"])
+        self.skipped_nonfinite_steps = int(sd.get("skipped_nonfinite_steps", 0))  # older checkpoints: none
 
 
 def seed_everything(seed, rank):
@@ -28,25 +31,32 @@ def seed_everything(seed, rank):
 
 
 def noise_seeds(seed, step, batch):
-    """One noise seed per sample from (seed, step, episode, frame): the noise a sample gets is the
-    same whatever the number of processes and after a resume."""
-    ep, frame = batch["episode_index"].long().cpu(), batch["frame_index"].long().cpu()
+    """One noise seed per sample (int64 [B]) from (seed, step, episode, frame): the noise a sample gets
+    is the same whatever the number of processes and after a resume. Computed where the batch's
+    indices are (on the GPU after `to_device`), so drawing the noise needs no host round trip."""
+    ep, frame = batch["episode_index"].long(), batch["frame_index"].long()
     return (seed * 1_000_003 + step) * 1_000_000_007 + ep * 1_000_003 + frame
 
 
-def make_record(step, loss_sum, grad_norm, param_groups, lrs, val, state, samples_per_sec, step_time, skipped):
-    """One metrics.jsonl record; the losses (device tensors) are read back and averaged over ranks here."""
-    record = {"step": step, **dist.mean_across_ranks({k: v.item() for k, v in loss_sum.items()}),
+def make_record(*, step, loss_sum, grad_norm, param_groups, lrs, val, state, samples_per_sec, step_time, skipped):
+    """One metrics.jsonl record; the losses (device tensors) are averaged over ranks and read back here."""
+    record = {"step": step, **dist.mean_across_ranks(loss_sum),
               "grad_norm": float(grad_norm),
               "lr": {g.get("name", str(i)): lr for i, (g, lr) in enumerate(zip(param_groups, lrs))},
               "samples_per_sec": samples_per_sec, "step_time": step_time, "samples_seen": state.samples_seen,
-              "skipped_samples": skipped}
+              "skipped_samples": skipped, "skipped_nonfinite_steps": state.skipped_nonfinite_steps}
     record.update({f"val_{k}": v for k, v in (val or {}).items()})
     return record
 
 
 def to_device(batch, device):
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    """The batch on `device` (asynchronous from the loader's pinned memory). A `vlm_mask` without
+    padding is dropped here, on the host: the model then needs no attention mask, and nothing in the
+    step reads a GPU tensor back to find that out."""
+    mask = batch.get("vlm_mask")
+    drop = torch.is_tensor(mask) and mask.device.type == "cpu" and bool(mask.all())
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
+            if not (drop and k == "vlm_mask")}
 
 
 @torch.no_grad()
@@ -65,10 +75,13 @@ def policy_errors(model, inputs):
 
 @torch.no_grad()
 def prediction_pictures(model, encoders, batch, inputs, stats):
-    """Ground-truth vs joint-mode frames and actions (robot units), for TensorBoard."""
+    """Ground-truth vs joint-mode frames and actions (robot units), for TensorBoard. With a latent
+    cache the batch holds no frames: the true frames are then the decoded true latents. Decoding
+    borrows the VAE onto the GPU for the call when training does not keep it there."""
     from models.report import prediction_figures
     joint = model.sample(inputs, "joint")
-    grid, fig = prediction_figures(batch["video"], encoders.decode_video(joint["video_latents"]),
+    true_frames = batch["video"] if "video" in batch else encoders.decode_video(inputs["video_latents"])
+    grid, fig = prediction_figures(true_frames, encoders.decode_video(joint["video_latents"]),
                                    stats.unnormalize_action(inputs["actions"].float().cpu()),
                                    stats.unnormalize_action(joint["actions"].float().cpu()))
     return {"val/frames_true_vs_predicted": grid}, {"val/actions_true_vs_predicted": fig}
@@ -91,7 +104,7 @@ def validate(engine, encoders, loader, cfg, stats):
             if i >= cfg.system.val_batches:
                 break
             inputs = encoders.encode(to_device(batch, engine.device))
-            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, 0, batch)  # the same noise every time
+            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, 0, inputs)  # the same noise every time
             out = engine.model(inputs)
             values = {k: out[k].float().item() for k in ("loss", "video_loss", "action_loss")}
             values.update(policy_errors(model, inputs))

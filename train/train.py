@@ -17,14 +17,16 @@ from checkpoint.checkpointer import Checkpointer  # noqa: E402
 from train.config import check_launch, config_stem, load_config, save_config  # noqa: E402
 from train.ema import optimizer_state_report  # noqa: E402
 from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
+from train.guard import NonFiniteGuard, check_weights_before_save, health, run_guarded  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
 from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
 from utils import dist  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
-from utils.metrics import Metrics  # noqa: E402
+from utils.metrics import Metrics, quiet_library_bars  # noqa: E402
 from utils.quiet import silence_known_warnings  # noqa: E402
 from utils.schedule import LRSchedule  # noqa: E402
+from utils.wandb_setup import check_wandb_login  # noqa: E402
 
 log = logging.getLogger("train")
 
@@ -48,12 +50,13 @@ def parse_args(argv=None):
 def make_generated_inputs(cfg):
     """The default recipe's synthetic dataset and tiny frozen parts, made once by rank 0 on first use
     (run under fail_together, whose agreement step is also the barrier the other ranks wait at)."""
+    from data import build_datasets
     from data.synthetic import ensure_synthetic
-    from models.tiny_assets import ensure_tiny_assets
+    from models.tiny_assets import ensure_tiny_assets, training_videos
 
     if dist.is_main():
-        ensure_synthetic(cfg)
-        ensure_tiny_assets(cfg)
+        ensure_synthetic(cfg)  # first: the tiny VAE is fitted to the training videos
+        ensure_tiny_assets(cfg, videos=lambda: training_videos(build_datasets(cfg)[0], seed=cfg.training.seed))
 
 
 def build_everything(cfg, world_size):
@@ -103,10 +106,12 @@ def main(argv=None):
     logging.basicConfig(level=cfg.system.log_level, format="%(asctime)s %(name)s: %(message)s")
     if not dist.is_main():
         logging.getLogger().setLevel(logging.WARNING)
+    quiet_library_bars(cfg.logging.progress)
 
     accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes)
     world_size = dist.world_size()
     try:
+        dist.fail_together(check_wandb_login, cfg.logging)  # before anything is built
         run_dir, resume_from = dist.fail_together(choose_run_dir, cfg, config_stem(args.config))
         dist.fail_together(make_generated_inputs, cfg)
         (train_set, val_set, stats), model, encoders, optimizer = dist.fail_together(
@@ -137,10 +142,13 @@ def main(argv=None):
     samples_per_step = micro_batch * ga * world_size
     log.info("run directory: %s", run_dir)
 
+    guard = NonFiniteGuard(state, cfg.training.max_nonfinite_steps, engine.device)
+
     def save(step):
+        check_weights_before_save(engine, step, run_dir)  # never a checkpoint of non-finite weights
         trainer_state = {**state.state_dict(), "world_size": world_size, "data": stream.state_dict(),
                          "schedule": schedule.state_dict()}
-        return checkpointer.save(step, engine, trainer_state, stats)
+        return checkpointer.save(step, engine, trainer_state, stats, health(guard))
 
     engine.train()
     window_start, window_steps, loss_sum = time.perf_counter(), 0, {}
@@ -151,12 +159,13 @@ def main(argv=None):
         for micro in range(ga):
             batch = next(stream)
             inputs = encoders.encode(to_device(batch, engine.device))
-            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, step, batch)
+            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, step, inputs)
             out = engine.micro_step(inputs, is_last=micro == ga - 1)
             for k in ("loss", "video_loss", "action_loss"):
                 loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
-        grad_norm = engine.optimizer_step()
-        if engine.ema is not None:
+        grad_norm, skipped = engine.optimizer_step()
+        guard.after_step(step, skipped, loss_sum, grad_norm)
+        if engine.ema is not None and not skipped:  # a skipped step changed no weight
             engine.ema.update(step)
         if state.step == first_step:  # the optimizer's state exists from its first step
             log.info(optimizer_state_report(engine))
@@ -172,12 +181,14 @@ def main(argv=None):
             metrics.add_figures(step, *(pictures or ({}, {})))
         if step % cfg.system.log_interval == 0 or val is not None or is_last:
             elapsed = time.perf_counter() - window_start
-            record = make_record(step, loss_sum, grad_norm, engine.param_groups, lrs, val, state,
-                                 samples_per_step * window_steps / elapsed, elapsed / window_steps, stream.skipped)
+            record = make_record(step=step, loss_sum=loss_sum, grad_norm=grad_norm, param_groups=engine.param_groups,
+                                 lrs=lrs, val=val, state=state, samples_per_sec=samples_per_step * window_steps / elapsed,
+                                 step_time=elapsed / window_steps, skipped=stream.skipped)
             metrics.log(record)
             metrics.progress(step, record)
             window_start, window_steps = time.perf_counter(), 0
         loss_sum = {}
+        guard.check()  # too many non-finite steps in a row: stop without saving
         preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
         if step % cfg.system.save_interval == 0 or is_last or preempted:
             path = save(step)
@@ -193,4 +204,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_guarded(main)

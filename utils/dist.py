@@ -1,4 +1,9 @@
-"""Small distributed helpers that work the same on gloo (CPU) and NCCL (GPU)."""
+"""Small distributed helpers that work the same on gloo (CPU) and NCCL (GPU).
+
+A NCCL process group has no CPU backend: every tensor handed to a collective must live on
+the device the group serves. `collective_device()` is the one place that decides it; the
+helpers below build their tensors there.
+"""
 import os
 import socket
 import sys
@@ -26,26 +31,46 @@ def is_main():
     return rank() == 0
 
 
+def collective_device(group=None):
+    """The device whose tensors the process group `group` (default: the world) can reduce: the CPU
+    when it has a CPU backend (gloo, or "cpu:gloo,cuda:nccl"), else this process's accelerator
+    (`cuda:LOCAL_RANK` under NCCL, the device the launcher gave this rank). Outside a process
+    group: the CPU. Reads no device state, so it is safe at import and on a machine without one."""
+    if not dist.is_initialized():
+        return torch.device("cpu")
+    backend = str(dist.get_backend(group))
+    if ":" in backend:  # "cpu:gloo,cuda:nccl": one backend per device type
+        types = [part.split(":")[0] for part in backend.split(",")]
+    else:
+        types = dist.Backend.backend_capability.get(backend, ["cpu"])
+    if "cpu" in types:
+        return torch.device("cpu")
+    return torch.device(types[0], int(os.environ.get("LOCAL_RANK", 0)))
+
+
 def barrier():
     if dist.is_initialized():
         dist.barrier()
 
 
-def any_rank(flag, device="cpu"):
-    """True on every rank if `flag` is true on any rank (one tiny all-reduce)."""
+def any_rank(flag, device=None):
+    """True on every rank if `flag` is true on any rank (one tiny all-reduce; reads the result back
+    to the host, so call it at start-up or at logging steps, not inside a step)."""
     if not dist.is_initialized():
         return bool(flag)
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    t = torch.tensor([1.0 if flag else 0.0], device=device or collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
 
 
-def mean_across_ranks(values, device="cpu"):
-    """Average a dict of floats over ranks (every rank calls it, every rank gets the result)."""
+def mean_across_ranks(values, device=None):
+    """Average a dict of floats or 0-d tensors over ranks (every rank calls it, every rank gets the
+    result as floats): one all-reduce and one read-back to the host for the whole dict."""
     if not values:
         return {}
-    keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    keys, device = sorted(values), device or collective_device()
+    t = torch.stack([values[k].detach().reshape(()).to(device, torch.float64) if torch.is_tensor(values[k])
+                     else torch.tensor(float(values[k]), dtype=torch.float64, device=device) for k in keys])
     if dist.is_initialized():
         dist.all_reduce(t)
         t /= dist.get_world_size()
@@ -56,7 +81,7 @@ class StartupError(RuntimeError):
     """Bad input found before training starts; reported on every rank, then exit non-zero."""
 
 
-def fail_together(fn, *args, device="cpu", **kwargs):
+def fail_together(fn, *args, device=None, **kwargs):
     """Run `fn` on every rank; if it raises on any rank, raise StartupError on all of them.
 
     A rank that fails alone would leave the others waiting in the next collective

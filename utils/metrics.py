@@ -1,11 +1,28 @@
-"""Training metrics: metrics.jsonl, TensorBoard, wandb and a progress bar, on rank 0 only."""
-import json
-import os
+"""Training metrics on rank 0: metrics.jsonl, TensorBoard, wandb, and progress on the console.
 
-from tqdm import tqdm
+Everything logged goes to every enabled sink: scalars, pictures (validation frame grids, action
+plots) and videos. Progress is tqdm's bar in a terminal and a plain log line per logging step
+otherwise (SLURM, nohup, CI), where a bar's carriage returns would make one endless line.
+"""
+import datetime
+import fractions
+import io
+import json
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+
+from utils.wandb_setup import init_wandb
+
+log = logging.getLogger(__name__)
 
 REPORT_TO = ("tensorboard", "wandb", "all", "none")
 WANDB_MODES = ("online", "offline", "disabled")
+PROGRESS = ("auto", "bar", "lines")
+STRIP_FRAMES = 16  # at most this many frames in the TensorBoard picture of a video
 
 
 def rewind_metrics(path, step):
@@ -28,25 +45,26 @@ def rewind_metrics(path, step):
 
 
 class Metrics:
-    """Writes one JSON object per logged step; mirrors scalars to TensorBoard and wandb."""
+    """Writes one JSON object per logged step and mirrors it, and every picture, to TensorBoard and wandb."""
 
     def __init__(self, cfg, run_dir, enabled, start_step, report_to):
         self.enabled = enabled
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self.tb = self.wandb = self.bar = None
+        self.tb = self.wandb = self.progress_display = None
+        self._warned_strip = False
         if not enabled:
             return
+        if report_to in ("wandb", "all"):  # first: it may stop for missing credentials
+            self.wandb = init_wandb(cfg, run_dir)
         rewind_metrics(self.path, start_step)
         if report_to in ("tensorboard", "all"):
             from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(run_dir, cfg.logging.tensorboard_log_dir))
-        if report_to in ("wandb", "all"):
-            import wandb
-            from omegaconf import OmegaConf
-            self.wandb = wandb.init(project=cfg.logging.wandb_project, name=os.path.basename(run_dir),
-                                    dir=run_dir, mode=cfg.logging.wandb_mode, resume="allow",
-                                    id=os.path.basename(run_dir), config=OmegaConf.to_container(cfg))
-        self.bar = tqdm(total=cfg.training.max_steps, initial=start_step, desc="train", dynamic_ncols=True)
+            # One event stream per run folder; on resume at step S, events after S that the run
+            # wrote before it stopped are purged, so each step appears once.
+            self.tb = SummaryWriter(os.path.join(run_dir, cfg.logging.tensorboard_log_dir),
+                                    purge_step=start_step + 1 if start_step else None)
+        # Last, so that its clock (the ETA) starts when training does.
+        self.progress_display = Progress(cfg.training.max_steps, start_step, cfg.logging.progress)
 
     def log(self, record):
         """`record` holds step and scalars; `lr` is a dict of group name -> lr."""
@@ -64,27 +82,179 @@ class Metrics:
             self.wandb.log(flat, step=step)
 
     def progress(self, step, record):
-        if self.bar is None:
+        if self.enabled:
+            self.progress_display.update(step, record)
+
+    def add_figures(self, step, images=None, figures=None):
+        """Pictures: `images` name -> CHW tensor or array in [0, 1]; `figures` name -> matplotlib figure
+        (rendered once, then closed)."""
+        if not self.enabled:
             return
+        pictures = {name: chw_to_hwc_uint8(img) for name, img in (images or {}).items()}
+        pictures.update({name: figure_to_array(fig) for name, fig in (figures or {}).items()})
+        if self.tb:
+            for name, pic in pictures.items():
+                self.tb.add_image(name, pic, step, dataformats="HWC")
+        if self.wandb:
+            import wandb
+            self.wandb.log({name: wandb.Image(pic) for name, pic in pictures.items()}, step=step)
+
+    def add_video(self, step, name, frames, fps):
+        """A video: `frames` uint8 [T, H, W, 3] or [T, 3, H, W] (tensor or array). wandb gets an
+        H.264 mp4; TensorBoard a playable clip if moviepy is installed, else a strip of frames."""
+        if not self.enabled:
+            return
+        frames = video_to_thwc(frames, name)
+        if self.tb:
+            self._tb_video(step, name, frames, fps)
+        if self.wandb:
+            import wandb
+            self.wandb.log({name: wandb.Video(io.BytesIO(encode_mp4(frames, fps)), format="mp4")}, step=step)
+
+    def _tb_video(self, step, name, frames, fps):
+        try:
+            import moviepy.editor  # noqa: F401  (what TensorBoard's add_video needs)
+        except ImportError:
+            if not self._warned_strip:
+                log.warning("moviepy is not installed: TensorBoard shows videos as a strip of up to %d "
+                            "frames (pip install 'moviepy<2' for playable clips); wandb gets the mp4",
+                            STRIP_FRAMES)
+                self._warned_strip = True
+            self.tb.add_image(name, frame_strip(frames), step, dataformats="HWC")
+            return
+        import torch
+        self.tb.add_video(name, torch.from_numpy(frames).permute(0, 3, 1, 2)[None], step, fps=fps)
+
+    def close(self):
+        if self.progress_display:
+            self.progress_display.close()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def use_bar(mode):
+    """`logging.progress`: bar, lines, or auto = a bar when stderr (where tqdm writes) is a terminal."""
+    return mode == "bar" or (mode == "auto" and sys.stderr.isatty())
+
+
+def quiet_library_bars(mode):
+    """Without our bar, also silence the bars transformers, diffusers and huggingface_hub draw while
+    loading weights: in a log file each is a line of carriage-return updates."""
+    if use_bar(mode):
+        return
+    import diffusers.utils.logging
+    import huggingface_hub.utils
+    import transformers.utils.logging
+
+    huggingface_hub.utils.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    diffusers.utils.logging.disable_progress_bar()
+
+
+class Progress:
+    """tqdm's bar (see use_bar), else one log line per update: a file under SLURM or nohup, a pipe in CI."""
+
+    def __init__(self, total, start_step, mode):
+        self.total, self.start_step = total, start_step
+        self.use_bar = use_bar(mode)
+        self.bar = None
+        self.started = time.perf_counter()
+
+    def update(self, step, record):
+        if not self.use_bar:
+            log.info(progress_line(step, self.total, record, self.eta(step)))
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+            self.bar = tqdm(total=self.total, initial=self.start_step, desc="train", dynamic_ncols=True)
         self.bar.n = step
         lr = next(iter(record.get("lr", {}).values()), 0.0)
         self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}",
                              samples_s=f"{record['samples_per_sec']:.1f}", refresh=False)
         self.bar.refresh()
 
-    def add_figures(self, step, images=None, figures=None):
-        """Validation pictures: `images` name -> CHW tensor in [0, 1]; `figures` name -> matplotlib figure."""
-        if not self.enabled or self.tb is None:
-            return
-        for name, img in (images or {}).items():
-            self.tb.add_image(name, img, step)
-        for name, fig in (figures or {}).items():
-            self.tb.add_figure(name, fig, step)
+    def eta(self, step):
+        """Seconds left at the mean pace of this process so far (validations and saves included)."""
+        done = step - self.start_step
+        return (time.perf_counter() - self.started) / done * (self.total - step) if done > 0 else None
 
     def close(self):
         if self.bar is not None:
             self.bar.close()
-        if self.tb:
-            self.tb.close()
-        if self.wandb:
-            self.wandb.finish()
+
+
+LOSS_TERMS = (("loss", "loss"), ("video", "video_loss"), ("action", "action_loss"), ("val_loss", "val_loss"))
+
+
+def progress_line(step, total, record, eta):
+    """e.g. `step 120/300 loss 1.2340 video 0.5000 action 0.7000 grad_norm 0.85 lr 4.50e-03
+    12.3 samples/s eta 0:02:10`; lr per group (`lr muon=... adamw=...`) when the groups differ."""
+    parts = [f"step {step}/{total}"]
+    parts += [f"{label} {record[key]:.4f}" for label, key in LOSS_TERMS if key in record]
+    if "grad_norm" in record:
+        parts.append(f"grad_norm {record['grad_norm']:.3g}")
+    lrs = record.get("lr", {})
+    if len(set(lrs.values())) == 1:
+        parts.append(f"lr {next(iter(lrs.values())):.2e}")
+    elif lrs:
+        parts.append("lr " + " ".join(f"{name}={lr:.2e}" for name, lr in lrs.items()))
+    if "samples_per_sec" in record:
+        parts.append(f"{record['samples_per_sec']:.1f} samples/s")
+    parts.append("eta " + (str(datetime.timedelta(seconds=round(eta))) if eta is not None else "?"))
+    return " ".join(parts)
+
+
+def _numpy(x):
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def chw_to_hwc_uint8(img):
+    """CHW in [0, 1] (tensor or array) -> HWC uint8, the form both TensorBoard and wandb take."""
+    arr = np.clip(_numpy(img).astype(np.float32), 0.0, 1.0)
+    return np.ascontiguousarray((arr.transpose(1, 2, 0) * 255).round().astype(np.uint8))
+
+
+def figure_to_array(fig):
+    """Render a matplotlib figure to HWC uint8 RGB and close it."""
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    rgb = np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    plt.close(fig)
+    return rgb
+
+
+def video_to_thwc(frames, name):
+    arr = _numpy(frames)
+    if arr.ndim == 4 and arr.shape[1] == 3 and arr.shape[-1] != 3:
+        arr = arr.transpose(0, 2, 3, 1)
+    if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3 or len(arr) == 0:
+        raise ValueError(f"video '{name}': expected uint8 frames [T, H, W, 3] or [T, 3, H, W], "
+                         f"got {arr.dtype} {list(arr.shape)}")
+    return np.ascontiguousarray(arr)
+
+
+def frame_strip(frames):
+    """Up to STRIP_FRAMES frames, evenly spaced, side by side: [H, n * W, 3]."""
+    keep = np.unique(np.linspace(0, len(frames) - 1, min(len(frames), STRIP_FRAMES)).round().astype(int))
+    return np.concatenate(list(frames[keep]), axis=1)
+
+
+def encode_mp4(frames, fps):
+    """THWC uint8 -> mp4 bytes (H.264, yuv420p; an odd height or width is padded by one pixel)."""
+    import av
+
+    _, h, w, _ = frames.shape
+    frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fractions.Fraction(fps).limit_denominator(1001))
+        stream.width, stream.height, stream.pix_fmt = w + w % 2, h + h % 2, "yuv420p"
+        for rgb in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+        container.mux(stream.encode())
+    return buffer.getvalue()

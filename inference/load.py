@@ -1,0 +1,154 @@
+"""Load a trained world model for inference: weights, frozen encoders, normalisation statistics and
+the recipe's config, from any of the folders training and export write.
+
+`--checkpoint PATH` may be
+- a `checkpoint_step_N/` folder (its `config.yaml` and `norm_stats.json` travel with it);
+- a run folder: the checkpoint its `latest` file names;
+- an exported folder (`python -m checkpoint.export`): `config.json` holds the model and `common`
+  sections, `norm_stats.json` the statistics; the other sections take the schema's defaults.
+`--config CFG` replaces the config that came with the checkpoint (the architecture always comes
+from the checkpoint); the statistics always come from the checkpoint.
+"""
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from omegaconf import OmegaConf
+
+from checkpoint.checkpointer import MARKER, PREFIX
+from checkpoint.export import CONFIG_YAML, NORM_STATS, model_spec_from_config
+from checkpoint.finetune import WEIGHT_SETS, FinetuneError, inference_weights
+from models.serialization import CONFIG_NAME, ModelLoadError, read_config
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """A --checkpoint that cannot be evaluated or served: the message names the path and what was expected."""
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    """The WorldModel in eval mode on `device`."""
+    encoders: object
+    """FrozenEncoders on `device`."""
+    stats: object
+    """NormStats the model was trained with."""
+    cfg: object
+    """The recipe config (read-only)."""
+    checkpoint: str
+    """The resolved folder the weights came from."""
+    device: torch.device
+    weights: str = "raw"
+    """The weight set loaded: "ema" (the moving average, training.ema) or "raw"."""
+
+    @property
+    def config_hash(self):
+        return config_hash(self.cfg)
+
+
+def config_hash(cfg):
+    """First 16 hex digits of the sha256 of the resolved config as sorted YAML."""
+    return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def resolve_checkpoint(path):
+    """A run folder -> the checkpoint its `latest` names; a checkpoint or export folder -> itself."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"--checkpoint '{path}' is not a folder; expected a {PREFIX}N folder, a run "
+                              "folder or an exported folder")
+    latest = os.path.join(path, "latest")
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            path = os.path.join(path, f.read().strip())
+    if os.path.basename(os.path.normpath(path)).startswith(PREFIX):
+        if not os.path.isfile(os.path.join(path, MARKER)):
+            raise CheckpointError(f"'{path}' has no {MARKER} marker: its save was interrupted; pick a complete "
+                                  "checkpoint")
+        if not os.path.isfile(os.path.join(path, CONFIG_YAML)):
+            raise CheckpointError(f"'{path}' has no {CONFIG_YAML}; expected a folder written by train/train.py")
+        return path
+    if os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        return path
+    raise CheckpointError(f"--checkpoint '{path}' is neither a {PREFIX}N folder, a run folder (with a 'latest' "
+                          f"file) nor an exported folder (with {CONFIG_NAME})")
+
+
+def _exported_config(folder, overrides):
+    """An exported folder's config.json `model` and `common` sections as a full recipe config."""
+    import tempfile
+
+    from train.config import load_config
+
+    spec = read_config(folder)
+    if "common" not in spec:
+        raise CheckpointError(f"'{folder}/{CONFIG_NAME}' has no 'common' section (an export older than the "
+                              "inference commands); pass --config with the recipe it was trained with")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(OmegaConf.to_yaml({"model": spec["model"], "common": spec["common"]}))
+    try:
+        return load_config(f.name, overrides, saved=True), spec
+    finally:
+        os.remove(f.name)
+
+
+def load_recipe(folder, config=None, overrides=()):
+    """(the recipe config, the architecture spec) for a resolved checkpoint folder."""
+    from train.config import load_config
+
+    if os.path.isfile(os.path.join(folder, CONFIG_NAME)):
+        cfg, spec = _exported_config(folder, overrides)
+    else:
+        cfg = load_config(os.path.join(folder, CONFIG_YAML), overrides, saved=True)
+        spec = model_spec_from_config(cfg)
+    if config is not None:
+        cfg = load_config(config, overrides)
+    return cfg, spec
+
+
+def load_stats(folder):
+    from data.normalize import NormStats
+
+    path = os.path.join(folder, NORM_STATS)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"'{folder}' has no {NORM_STATS}: without the training statistics actions cannot be "
+                              "given in robot units")
+    return NormStats.load(path)
+
+
+def build_model(spec, weights, folder):
+    from accelerate import init_empty_weights
+
+    from models.world_model import WorldModel
+
+    with init_empty_weights():  # the architecture only: every tensor comes from the checkpoint
+        model = WorldModel(spec)
+    try:
+        # clone: DeepSpeed's module tensors are views of one flat buffer
+        model.load_state_dict({k: v.clone() for k, v in weights.items()}, strict=True, assign=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"'{folder}': the weights do not fit the model its config describes: {e}") from None
+    return model
+
+
+def load_checkpoint(path, config=None, overrides=(), device="cpu", weights=None):
+    """Everything inference needs from `path` (see the module docstring) -> Loaded. `weights`: "ema",
+    "raw" or None (the EMA weights when the checkpoint has them, else the raw ones; logged)."""
+    from models.build import build_encoders
+    from models.sizes import get_size
+
+    folder = resolve_checkpoint(path)
+    cfg, spec = load_recipe(folder, config, overrides)
+    stats = load_stats(folder)
+    try:
+        state, which, note = inference_weights(folder, weights, key="--checkpoint")
+    except (FinetuneError, ModelLoadError) as e:
+        raise CheckpointError(str(e)) from None
+    device = torch.device(device)
+    model = build_model(spec, state, folder).to(device).eval()
+    encoders = build_encoders(cfg, get_size(cfg.model.size)).to(device)
+    log.info("loaded %s (%s, config %s) on %s; %s", folder, cfg.model.size, config_hash(cfg), device, note)
+    return Loaded(model, encoders, stats, cfg, folder, device, which)

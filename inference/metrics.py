@@ -1,0 +1,51 @@
+"""The figures of an evaluation, from predictions gathered over every sample (float64 numpy).
+
+Actions are in robot units. Pixels are in [-1, 1], so PSNR = 10 log10(2^2 / MSE), with the MSE
+pooled over every predicted frame of every sample (frame 0, the condition, is never scored).
+"""
+import numpy as np
+
+PEAK_TO_PEAK = 2.0
+MODES = ("policy", "joint", "video", "forward_dynamics", "inverse_dynamics")
+ACTION_MODES = ("policy", "joint", "inverse_dynamics")  # the modes that generate actions
+VIDEO_MODES = ("joint", "video", "forward_dynamics")  # the modes that generate video
+
+
+def action_errors(pred, true):
+    """pred, true [N, chunk, dim] -> MSE and MAE overall, per action dimension and per step of the chunk."""
+    err = np.asarray(pred, np.float64) - np.asarray(true, np.float64)
+    sq, ab = err ** 2, np.abs(err)
+    return {"mse": float(sq.mean()), "mae": float(ab.mean()),
+            "mse_per_dim": sq.mean(axis=(0, 1)).tolist(), "mae_per_dim": ab.mean(axis=(0, 1)).tolist(),
+            "mse_per_step": sq.mean(axis=(0, 2)).tolist(), "mae_per_step": ab.mean(axis=(0, 2)).tolist()}
+
+
+def psnr(mse):
+    return float(10 * np.log10(PEAK_TO_PEAK ** 2 / max(float(mse), 1e-12)))
+
+
+def video_errors(pred_pixels, true_pixels, pred_latents=None, true_latents=None):
+    """Pixels [N, T, 3, H, W] and normalised latents [N, z, T', h, w], frame 0 excluded -> PSNR pooled
+    and per predicted frame, and the latent MSE."""
+    sq = (np.asarray(pred_pixels, np.float64)[:, 1:] - np.asarray(true_pixels, np.float64)[:, 1:]) ** 2
+    out = {"psnr": psnr(sq.mean()), "psnr_per_frame": [psnr(m) for m in sq.mean(axis=(0, 2, 3, 4))]}
+    if pred_latents is not None:
+        lat = (np.asarray(pred_latents, np.float64)[:, :, 1:] - np.asarray(true_latents, np.float64)[:, :, 1:]) ** 2
+        out["latent_mse"] = float(lat.mean())
+    return out
+
+
+def last_action(episode, frame):
+    """The 'repeat the last action' baseline's action for a window whose condition frame is `frame`: the
+    action recorded just before the condition frame (frame - 1), or, at the first frame of an episode where
+    there is none, the action recorded at frame 0 (for the synthetic robot a zero move)."""
+    return episode.action[max(frame - 1, 0)]
+
+
+def baselines(true, last, mean_action):
+    """The action baselines on the same samples: the statistics' mean action every step, and each
+    sample's last action (see last_action) held for the whole chunk."""
+    true = np.asarray(true, np.float64)
+    constant = np.broadcast_to(np.asarray(mean_action, np.float64), true.shape)
+    repeat = np.broadcast_to(np.asarray(last, np.float64)[:, None, :], true.shape)
+    return {"mean_action": action_errors(constant, true), "last_action": action_errors(repeat, true)}

@@ -1,0 +1,183 @@
+"""Activation memory of one training forward, counted from the real model on fake tensors.
+
+Autograd keeps, between the forward and the backward, exactly the tensors the forward's ops
+save (`torch.autograd.graph.saved_tensors_hooks` sees each one) plus, under gradient
+checkpointing, the inputs of every checkpointed block (recomputed from them in the backward).
+`trace()` runs `WorldModel.forward` on fake tensors (torch's FakeTensorMode: shapes and dtypes,
+no storage) at the real input shapes, so no memory is allocated and no flop is spent, and adds up the bytes of those tensors (each storage once,
+parameters excluded). Attention is counted as a fused kernel keeps it (q, k, v, output and
+the fp32 log-sum-exp; flash-attn and PyTorch's flash / memory-efficient SDPA all do this),
+not as the reference kernel that fake tensors dispatch to, which would keep the S x S probabilities.
+
+`measure()` counts the same on real tensors (by storage), for calibration and tests.
+"""
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from models import world_model as wm
+from models.build import size_table_model
+
+VLM_PROMPT_TOKENS = 40  # chat template (~8 tokens) + an instruction of ~32 tokens, beside the image tokens
+
+
+@dataclass
+class Activations:
+    """Bytes a forward of `batch` samples keeps for its backward."""
+    batch: int
+    kept: int
+    """Saved by the ops, plus the inputs of checkpointed blocks (each storage once)."""
+    per_layer: int
+    """Saved by one layer without checkpointing (layer 1): the most one block's recompute holds."""
+
+
+def example_inputs(cfg, model, size, batch, device="cpu"):
+    """Inputs at the config's real shapes: latents from the VAE's compression, umT5 padded to its
+    text length, VLM features of the image tokens of one frame plus a prompt."""
+    from models.build import vae_compression
+
+    c, spec = cfg.common, model.spec
+    _, spatial = vae_compression(size.vae)
+    vision = size.vlm_vision
+    cell = vision["patch_size"] * vision["spatial_merge_size"]
+    vlm_len = -(-c.video_height // cell) * -(-c.video_width // cell) + VLM_PROMPT_TOKENS
+    kw = dict(device=device)
+    inputs = {
+        "video_latents": torch.randn(batch, size.vae["z_dim"], spec["latent_frames"], c.video_height // spatial,
+                                     c.video_width // spatial, **kw),
+        "actions": torch.randn(batch, c.action_chunk_size, c.action_dim, **kw),
+        "state": torch.randn(batch, c.state_dim, **kw),
+        "text_embeds": torch.randn(batch, size.text_len, size.text_encoder["d_model"], **kw),
+        "text_mask": torch.ones(batch, size.text_len, dtype=torch.bool, **kw),
+        "vlm_features": torch.randn(batch, vlm_len, spec["vlm_dim"], **kw),
+    }
+    if cfg.model.mode != "finetune":
+        inputs.pop("state")
+    return inputs
+
+
+class _FusedAttention(torch.autograd.Function):
+    """What a fused attention kernel keeps for its backward; the forward's values are not computed."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask):
+        # [B, H, S, D] over a [B, S, H, D] buffer, as the fused kernels write it: the caller's
+        # transpose back to [B, S, H * D] is then a view, not a copy
+        out = q.new_empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1]).transpose(1, 2)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse, *([] if mask is None else [mask]))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("_FusedAttention only counts memory")
+
+
+def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return _FusedAttention.apply(query, key, value, attn_mask)
+
+
+class _Counter:
+    """Adds up saved tensors (each storage once, parameters excluded), split by layer."""
+
+    def __init__(self, model, key):
+        self.params = {id(p) for p in model.parameters()}
+        self.key, self.seen, self.keep, self.checkpointing = key, set(), [], model.gradient_checkpointing
+        self.kept, self.layers, self.layer = 0, [], None
+
+    def _add(self, t):
+        base = t if t._base is None else t._base
+        if id(t) in self.params or id(base) in self.params:
+            return 0
+        k = self.key(base)
+        if k in self.seen:
+            return 0
+        self.seen.add(k)
+        self.keep.append(base)  # keep it alive so that its id is not reused during the trace
+        return base.untyped_storage().nbytes() if not isinstance(base, FakeTensor) else base.numel() * base.element_size()
+
+    def pack(self, t):
+        n = self._add(t)
+        self.kept += n
+        if self.layer is not None:
+            self.layers[self.layer] += n
+        return t
+
+    def wrap(self, layer_fn):
+        def counted(*args):
+            if self.checkpointing:  # checkpoint() keeps the block's inputs for the recompute
+                self.kept += sum(self._add(a) for a in args if torch.is_tensor(a))
+            self.layers.append(0)
+            self.layer = len(self.layers) - 1
+            try:
+                return layer_fn(*args)
+            finally:
+                self.layer = None
+        return counted
+
+
+def _count_once(model, inputs, key):
+    counter = _Counter(model, key)
+    real_layer = wm.joint_layer
+    wm.joint_layer = counter.wrap(real_layer)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+            model(inputs)
+    finally:
+        wm.joint_layer = real_layer
+    return counter
+
+
+def _count(model, inputs, key):
+    """{checkpointing: Activations} for both settings (the model's own setting is restored)."""
+    checkpointing = model.gradient_checkpointing
+    out = {}
+    try:
+        for setting in (False, True):
+            model.gradient_checkpointing = setting
+            counter = _count_once(model, inputs, key)
+            per_layer = counter.layers[1] if len(counter.layers) > 1 else counter.layers[0]
+            out[setting] = Activations(inputs["video_latents"].shape[0], counter.kept, per_layer)
+    finally:
+        model.gradient_checkpointing = checkpointing
+    out[True].per_layer = out[False].per_layer  # a checkpointed block saves it again in its recompute
+    return out
+
+
+def trace(model, inputs):
+    """{checkpointing: Activations} of `model(inputs)` for a model and inputs made under FakeTensorMode
+    (shapes and dtypes only: autocast applies as on a real CPU, which the meta device does not support)."""
+    with _patched(F, "scaled_dot_product_attention", _fused_sdpa):
+        return _count(model, inputs, key=id)
+
+
+def measure(model, inputs):
+    """The same count on real tensors, by storage: the reference the trace is checked against."""
+    return _count(model, inputs, key=lambda t: t.untyped_storage().data_ptr())
+
+
+def per_sample(cfg, size):
+    """{checkpointing: Activations} of one sample at the size's depth. Every layer keeps the same
+    bytes, so two shallow fakes (2 and 3 layers) fix the line kept(L) = kept(2) + (L - 2) x step,
+    which keeps the trace a few seconds whatever the depth."""
+    traced = {}
+    for depth in (2, 3):
+        with FakeTensorMode():
+            model = size_table_model(cfg, depth)
+            traced[depth] = trace(model, example_inputs(cfg, model, size, 1))
+    extra = size.num_layers - 2
+    return {c: Activations(1, traced[2][c].kept + extra * (traced[3][c].kept - traced[2][c].kept),
+                           traced[3][c].per_layer) for c in (False, True)}
+
+
+@contextlib.contextmanager
+def _patched(module, name, value):
+    real = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, real)
