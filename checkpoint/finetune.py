@@ -125,13 +125,15 @@ def inference_weights(path, weights=None, key="checkpoint"):
             raise FinetuneError(f"{key} '{path}' is an export of the {exported} weights; the {weights} set "
                                 "is in the checkpoint_step_N folder it was exported from")
         return read_weights(path, key), exported, f"using the {exported} weights exported in {path}"
-    chosen = weights or ("ema" if has_ema(path) else "raw")
+    averaged = has_ema(path) and read_ema(path, key)[0] > 0  # an EMA before its first update is no average
+    chosen = weights or ("ema" if averaged else "raw")
     state = read_weights(path, key, chosen)
     if chosen == "ema":
         note = "its EMA weights (--weights raw for the raw ones)"
+    elif averaged:
+        note = "its raw weights (it also holds EMA weights: --weights ema)"
     else:
-        note = "its raw weights" + (" (it also holds EMA weights: --weights ema)" if has_ema(path)
-                                    else " (it holds no EMA weights)")
+        note = "its raw weights" + (" (its EMA has had no update yet)" if has_ema(path) else " (it holds no EMA weights)")
     return state, chosen, f"using {note} from {path}"
 
 

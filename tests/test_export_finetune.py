@@ -260,3 +260,7 @@ def test_ema_export_errors(cfg, trained, tmp_path):
     add_ema(early, dict(world_model(cfg, seed=3).named_parameters()), updates=0)
     with pytest.raises(SystemExit, match="the EMA has had no update yet"):
         main([early, str(tmp_path / "b"), "--weights", "ema"])
+    from checkpoint.finetune import inference_weights
+    state, which, note = inference_weights(early)  # evaluation falls back to the raw weights, and says why
+    assert which == "raw" and "its EMA has had no update yet" in note
+    assert_same(state, raw)
