@@ -88,7 +88,8 @@ def read_ema(path, key):
         raise FinetuneError(f"{key} '{path}' holds no EMA weights (neither engine/{EMA_FILE} nor "
                             f"engine/{EMA_SHARD_FILE.format(rank=0)}: trained without training.ema.enabled); "
                             "use the raw weights (--weights raw)")
-    for name in sorted(os.listdir(engine)):  # each EMA file against the checkpoint's manifest
+    complete = os.path.isfile(os.path.join(path, MARKER))  # a checkpoint: its manifest lists the EMA files
+    for name in sorted(os.listdir(engine)) if complete else ():
         if name == EMA_FILE or re.fullmatch(EMA_SHARD_FILE.format(rank=r"\d+"), name):
             _verify_weights(path, os.path.join("engine", name), key)
     if os.path.isfile(os.path.join(engine, EMA_FILE)):
