@@ -10,9 +10,9 @@ import torch
 
 from data.episodes import WindowSpec
 from data.errors import DataError
-from data.lerobot_format import read_parquet_images
-from data.transforms import fit_frames, tile_cameras
-from data.video import read_frames
+from data.lerobot_format import ParquetImages
+from data.transforms import camera_sizes, letterbox, resize_frames, tile_cameras
+from data.video import read_frames, video_size
 
 
 class EpisodeDataset:
@@ -22,6 +22,7 @@ class EpisodeDataset:
                  source_weights=None):
         self.spec, self.image_keys, self.height, self.width = spec, list(image_keys), height, width
         self.stats, self.instruction = stats, instruction
+        self._images = ParquetImages()
         self.episodes = [e for e in episodes if spec.num_windows(e.length) > 0]
         self.too_short = [e for e in episodes if spec.num_windows(e.length) == 0]
         sources = sorted({e.source for e in self.episodes})
@@ -90,21 +91,31 @@ class EpisodeDataset:
         return sample
 
     def _video(self, ep, frames):
+        """Each camera decoded at its share of the fitted size, tiled side by side, letterboxed."""
+        if not self.image_keys:
+            raise DataError(f"{ep.describe()}: no camera to read (dataset.image_keys is empty)")
+        images = {key: self._images.read(ep.images[key][0], key, ep.images[key][1][frames])
+                  for key in self.image_keys if key in ep.images}
+        sizes = [images[key].shape[1:3] if key in images else self._video_size(ep, key) for key in self.image_keys]
         views = []
-        for key in self.image_keys:
-            if key in ep.images:
-                path, rows = ep.images[key]
-                views.append(read_parquet_images(path, key, rows[frames]))
+        for key, size in zip(self.image_keys, camera_sizes(sizes, self.height, self.width)):
+            if key in images:
+                views.append(resize_frames(images[key], size))
                 continue
             path, start = ep.videos[key]
             times = start + ep.timestamps[frames]
             try:
-                views.append(read_frames(path, times.tolist(), tolerance=0.5 / ep.fps))
+                views.append(read_frames(path, times.tolist(), tolerance=0.5 / ep.fps, size=size))
             except DataError as e:
                 raise DataError(f"{ep.describe()}, camera {key}: {e}") from None
-        if not views:
-            raise DataError(f"{ep.describe()}: no camera to read (dataset.image_keys is empty)")
-        return fit_frames(tile_cameras(views), self.height, self.width)
+        return letterbox(tile_cameras(views), self.height, self.width)
+
+    @staticmethod
+    def _video_size(ep, key):
+        try:
+            return video_size(ep.videos[key][0])
+        except DataError as e:
+            raise DataError(f"{ep.describe()}, camera {key}: {e}") from None
 
 
 def try_load(dataset, window, skip, errors):
