@@ -2,11 +2,13 @@
 
 LeRobot addresses a frame by its timestamp (episode `from_timestamp` + the frame's
 `timestamp` column), so we do the same: for each wanted time, keep the frame whose
-presentation time is closest. Reaching it, we seek only when the container's index has a
-keyframe between the frame decoded last and the wanted time (decoding forward from there
-would pass frames nobody wants); otherwise we decode on. With LeRobot's encoder settings
-(a keyframe every 2 frames) a window of 9 frames 6 apart decodes 9 to 18 frames instead
-of all 49. Frames are converted to RGB, and resized when asked, by swscale in one pass.
+presentation time is closest. Reaching it, we seek when a keyframe lies between the frame
+decoded last and the wanted time (decoding forward would pass frames nobody wants), and
+decode on otherwise. Keyframes are learned from the packets as they are read: those seen,
+and the longest keyframe interval seen, beyond which a keyframe must lie in unseen parts
+too. A wrong guess costs time, never exactness: any seek lands at or before the wanted
+frame. With LeRobot's encoder settings (a keyframe every 2 frames) a window of 9 frames 6
+apart decodes 9 to 18 frames instead of all 49. Frames are converted to RGB, and resized when asked, by swscale in one pass.
 PyAV decodes AV1 (libdav1d), H.264, HEVC and VP9 alike.
 """
 import bisect
@@ -26,8 +28,21 @@ _inherited = []
 _to_rgb = None  # reused per process: a fresh converter per frame costs more than the conversion
 
 
+def _one_thread():
+    """swscale options for one thread: PyAV 18 picks a thread per core unless told; PyAV 15 (what
+    LeRobot 0.4 installs) has no `threads` argument and always uses one."""
+    try:
+        VideoReformatter().reformat(av.VideoFrame(16, 16, "yuv420p"), format="rgb24", threads=1)
+        return {"threads": 1}
+    except TypeError:
+        return {}
+
+
+_SWSCALE = _one_thread()
+
+
 class _Video:
-    """One open file: its container, video stream and keyframe times from the container's index."""
+    """One open file: its container, its video stream and what its packets showed of its keyframes."""
 
     def __init__(self, path):
         self.container = av.open(path)
@@ -36,9 +51,17 @@ class _Video:
         # DataLoader workers already use the cores.
         self.stream.codec_context.thread_count = 1
         self.base = self.stream.time_base
-        # An mp4 index lists every packet; an empty index (no seeking help) means decoding on.
-        self.keyframes = sorted(e.timestamp for e in self.stream.index_entries if e.is_keyframe)  # in ticks
+        self.keyframes = []  # sorted ticks of the keyframes seen
+        self.interval = None  # longest distance between two keyframes read one after the other (ticks)
         self.decoded = 0  # frames decoded since open (the benchmark reports it)
+
+    def saw_keyframe(self, tick, previous):
+        """Note keyframe `tick`; `previous` is the keyframe read just before it (None after a seek)."""
+        i = bisect.bisect_left(self.keyframes, tick)
+        if i == len(self.keyframes) or self.keyframes[i] != tick:
+            self.keyframes.insert(i, tick)
+        if previous is not None:
+            self.interval = max(self.interval or 0, tick - previous)
 
     def ticks(self, t):
         """Seconds -> stream ticks, rounding a float a hair below a tick (7.0666 s) up to it."""
@@ -50,10 +73,12 @@ class _Video:
         return self.keyframes[i] if i >= 0 else None
 
     def worth_seeking(self, position, t):
-        """True when a keyframe lies after `position` and at or before `t` (seconds): seeking
-        there skips frames that decoding on would pass."""
+        """True when a keyframe lies after `position` and at or before `t` (seconds), as far as the
+        packets read so far tell: seeking there skips frames that decoding on would pass."""
         key = self.keyframe_before(self.ticks(t))
-        return key is not None and float(key * self.base) > position
+        if key is not None and float(key * self.base) > position:
+            return True
+        return self.interval is not None and t - position >= float(self.interval * self.base)
 
     def close(self):
         self.container.close()
@@ -69,10 +94,15 @@ class _Cursor:
         self.last, self.head = None, next(self.frames, None)
 
     def _decode(self):
-        for frame in self.video.container.decode(self.video.stream):
-            self.video.decoded += 1
-            if frame.pts is not None:
-                yield float(frame.pts * self.video.base), frame
+        video, previous = self.video, None
+        for packet in video.container.demux(video.stream):
+            if packet.is_keyframe and packet.pts is not None:
+                video.saw_keyframe(packet.pts, previous)
+                previous = packet.pts
+            for frame in packet.decode():
+                video.decoded += 1
+                if frame.pts is not None:
+                    yield float(frame.pts * video.base), frame
 
     @property
     def position(self):
@@ -179,7 +209,7 @@ def _read_frames(path, times, tolerance, size):
                             f"tolerance {tolerance:.4f}s); the video is shorter than its metadata says "
                             f"or its timestamps do not match")
         picked[t] = _to_rgb.reformat(found[1], format="rgb24", width=width, height=height,
-                                     threads=1).to_ndarray()
+                                     **_SWSCALE).to_ndarray()
     return np.stack([picked[t] for t in times])
 
 

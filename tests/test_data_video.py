@@ -1,5 +1,6 @@
 """Frame-exact reads with seeking, decoder-side resizing, camera sizing, and the image-column cache."""
 import pickle
+from fractions import Fraction
 
 import av
 import numpy as np
@@ -55,9 +56,11 @@ def test_every_time_gets_its_nearest_frame(clip):
 
 
 def test_seeks_past_frames_nobody_wants(tmp_path):
-    """A keyframe every 2 frames: frames 1, 7, ..., 31 cost 2 decoded frames each, not all 32 up to 31."""
+    """A keyframe every 2 frames, learned from frames 0 to 2: frames 1, 7, ..., 31 then cost 2 decoded
+    frames each, not all 32 up to 31."""
     path = write_noise(tmp_path / "gop2.mp4", "libsvtav1", 2)
-    read_frames(path, [0.0], 0.05)
+    read_frames(path, [0.0, 0.2], 0.05)
+    assert video._videos[path].interval * video._videos[path].base == Fraction(1, 5)
     before = video._videos[path].decoded
     read_frames(path, [k / FPS for k in (1, 7, 13, 19, 25, 31)], 0.05)
     assert video._videos[path].decoded - before == 12
