@@ -136,6 +136,15 @@ def check_equal(ours, official, windows):
             np.testing.assert_array_equal(mine, theirs, err_msg=f"frames of {key}, window {window}")
 
 
+def close_official_decoders():
+    """LeRobot keeps its torchcodec decoders and their open files in a module-global cache; forked
+    workers that inherit open ones share the file offsets and fail ("Could not push packet to
+    decoder"), so they are closed before workers start, as in a run that never reads in the main
+    process."""
+    from lerobot.datasets import video_utils
+    video_utils._default_decoder_cache.clear()
+
+
 class _OfficialWindows(torch.utils.data.Dataset):
     def __init__(self, official, indices):
         self.official, self.indices = official, indices
@@ -199,6 +208,8 @@ def race_official(args):
                     rate = rate_main(ours.load, windows) if side == "ours" else \
                         rate_main(official.__getitem__, indices)
                 else:
+                    if side == "official":
+                        close_official_decoders()
                     rate = rate_workers(FixedWindows(ours, windows, False), workers, args.batch_size, collate) \
                         if side == "ours" else \
                         rate_workers(_OfficialWindows(official, indices), workers, args.batch_size)

