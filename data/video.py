@@ -49,7 +49,7 @@ class _Video:
         # One thread: with frame threads the decoder holds frames back after every seek, and
         # DataLoader workers already use the cores.
         self.stream.codec_context.thread_count = 1
-        self.base = self.stream.time_base
+        self.tick = float(self.stream.time_base)  # seconds: float arithmetic (Fraction's costs ms per sample)
         self.keyframes = []  # sorted ticks of the keyframes seen
         self.interval = None  # longest distance between two keyframes read one after the other (ticks)
         self.decoded = 0  # frames decoded since open (the benchmark reports it)
@@ -65,7 +65,7 @@ class _Video:
     def ticks(self, t):
         """Seconds -> the nearest stream tick. Wanted times carry float32 error (LeRobot stores
         `timestamp` as float32: up to a tenth of a tick after a minute), which rounding absorbs."""
-        return max(round(t / self.base), 0)
+        return max(round(t / self.tick), 0)
 
     def keyframe_before(self, tick, inclusive=True):
         """The last keyframe at (or, with inclusive=False, strictly) before `tick`, or None."""
@@ -76,9 +76,9 @@ class _Video:
         """True when a keyframe lies after `position` and at or before `t` (seconds), as far as the
         packets read so far tell: seeking there skips frames that decoding on would pass."""
         key = self.keyframe_before(self.ticks(t))
-        if key is not None and float(key * self.base) > position:
+        if key is not None and key * self.tick > position:
             return True
-        return self.interval is not None and t - position >= float(self.interval * self.base)
+        return self.interval is not None and t - position >= self.interval * self.tick
 
     def close(self):
         self.container.close()
@@ -102,7 +102,7 @@ class _Cursor:
             for frame in packet.decode():
                 video.decoded += 1
                 if frame.pts is not None:
-                    yield float(frame.pts * video.base), frame
+                    yield frame.pts * video.tick, frame
 
     @property
     def position(self):

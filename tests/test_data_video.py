@@ -1,6 +1,5 @@
 """Frame-exact reads with seeking, the resize against PIL's, and the image-column cache."""
 import pickle
-from fractions import Fraction
 
 import av
 import numpy as np
@@ -61,7 +60,7 @@ def test_seeks_past_frames_nobody_wants(tmp_path):
     frames each, not all 32 up to 31."""
     path = write_noise(tmp_path / "gop2.mp4", "libsvtav1", 2)
     read_frames(path, [0.0, 0.2], 0.05)
-    assert video._videos[path].interval * video._videos[path].base == Fraction(1, 5)
+    assert video._videos[path].interval * video._videos[path].tick == pytest.approx(0.2)
     before = video._videos[path].decoded
     # as float32, the way LeRobot stores `timestamp`: a hair off the frame's tick must not cost a GOP
     read_frames(path, [float(np.float32(k / FPS)) for k in (1, 7, 13, 19, 25, 31)], 0.05)
@@ -74,15 +73,16 @@ def pil_resize(frames, size):
 
 
 @pytest.mark.parametrize("shape,size,exact", [((480, 1280), (120, 320), True),   # Motus: 2 cameras 480x640
-                                              ((96, 128), (24, 32), True), ((16, 32), (32, 64), True),
-                                              ((240, 320), (160, 213), False), ((37, 53), (19, 11), False)])
+                                              ((96, 129), (32, 43), True), ((16, 32), (32, 64), True),
+                                              ((240, 320), (160, 213), False), ((40, 40), (8, 8), False),
+                                              ((37, 53), (19, 11), False)])
 def test_resize_reproduces_pil(shape, size, exact):
     frames = np.random.default_rng(0).integers(0, 256, (2, *shape, 3), dtype=np.uint8)
     diff = np.abs(resize_frames(frames, size).astype(int) - pil_resize(frames, size).astype(int))
     if exact:
         assert diff.max() == 0
-    else:  # rounding ties: measured on noise, 0.15% and 1% of values one level off
-        assert diff.max() <= 1 and (diff > 0).mean() < 0.02
+    else:  # rounding ties: measured on noise, 0.15% to 2% of values one level off
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.03
 
 
 def test_image_column_cache_is_per_object(tmp_path):
