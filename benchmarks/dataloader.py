@@ -73,7 +73,7 @@ def numeric_dataset(folder, episodes, length, dim=14):
 
 
 def make_cfg(folder, root, workers, cache_dir=None):
-    base = {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 8, "video_height": 384,
+    base = {"common": {"action_dim": 4, "state_dim": 8, "num_video_frames": 8, "video_height": 384,
                        "video_width": 320, "global_downsample_rate": 3, "video_action_freq_ratio": 2},
             "dataset": {"type": "lerobot", "dataset_dir": root, "val_fraction": 0.0, "cache_dir": cache_dir,
                         "cache_stride": 12},

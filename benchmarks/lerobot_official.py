@@ -10,7 +10,7 @@
 moving square, mild noise), so AV1 has more to decode than flat colours.
 
 The race reads the same windows (episode, condition frame) both ways: ours through
-`EpisodeDataset.load` (decode, fit to video_height x video_width, tile), LeRobot's through
+`EpisodeDataset.load` (decode, tile, fit to video_height x video_width), LeRobot's through
 `LeRobotDataset[index]` with `delta_timestamps` for the window's video frames, actions and
 state (its default video backend: torchcodec where it loads, else PyAV). First it checks, on
 every window, that the decoded frames (ours at full size), actions and state are equal;
