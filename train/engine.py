@@ -65,18 +65,23 @@ def _single_process_env():
                       MASTER_PORT=str(free_port()))
 
 
-def make_accelerator(ds_config, timeout_minutes):
+def make_accelerator(ds_config, timeout_minutes, speed=None):
+    """`speed`: the `system.speed` section, whose bucket_cap_mb and static_graph configure DDP
+    (accelerate uses them without DeepSpeed only); None: DDP's defaults."""
     from accelerate import Accelerator, DeepSpeedPlugin
     from accelerate.utils import InitProcessGroupKwargs
+
+    from train.speed import ddp_kwargs
 
     _single_process_env()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    handlers = [InitProcessGroupKwargs(backend=backend, timeout=timedelta(minutes=timeout_minutes))]
+    if speed is not None:
+        handlers.append(ddp_kwargs(speed))
     # cpu=True would silently drop DeepSpeed; the backend choice is what makes CPU work.
-    return Accelerator(
-        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config) if ds_config else None,
-        kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=timedelta(minutes=timeout_minutes))],
-    )
+    return Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config) if ds_config else None,
+                       kwargs_handlers=handlers)
 
 
 class Engine:

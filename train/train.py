@@ -18,6 +18,7 @@ from train.config import check_launch, config_stem, load_config, save_config  # 
 from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
+from train import speed  # noqa: E402
 from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
 from utils import dist  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
@@ -69,7 +70,8 @@ def build_everything(cfg, world_size):
     model, encoders = build_world_model(cfg)
     if cfg.finetune.checkpoint_path:
         load_finetune_weights(model, cfg.finetune.checkpoint_path, list(cfg.finetune.allow_shape_mismatch))
-    optimizer = build_optimizer(model.named_parameters(), cfg.training, world_size)
+    speed.apply(model, cfg.system.speed)
+    optimizer = build_optimizer(model.named_parameters(), cfg.training, world_size, cfg.system.speed.fused_adamw)
     return datasets, model, encoders, optimizer
 
 
@@ -106,7 +108,7 @@ def main(argv=None):
         logging.getLogger().setLevel(logging.WARNING)
     quiet_library_bars(cfg.logging.progress)
 
-    accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes)
+    accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes, cfg.system.speed)
     world_size = dist.world_size()
     try:
         dist.fail_together(check_wandb_login, cfg.logging)  # before anything is built
@@ -146,7 +148,7 @@ def main(argv=None):
         return checkpointer.save(step, engine, trainer_state, stats)
 
     engine.train()
-    window_start, window_steps, loss_sum = time.perf_counter(), 0, {}
+    window_start, window_steps, loss_sum, grad_norm_sum = time.perf_counter(), 0, {}, 0.0
     while state.step < cfg.training.max_steps:
         lrs = schedule.apply(engine)  # the lr of this update, set before it
         step = state.step + 1
@@ -157,7 +159,7 @@ def main(argv=None):
             out = engine.micro_step(inputs, is_last=micro == ga - 1)
             for k in ("loss", "video_loss", "action_loss"):
                 loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
-        grad_norm = engine.optimizer_step()
+        grad_norm_sum = grad_norm_sum + engine.optimizer_step()  # on the device until logged
         state.step, state.samples_seen = step, state.samples_seen + samples_per_step
         window_steps += 1
 
@@ -168,12 +170,12 @@ def main(argv=None):
             metrics.add_figures(step, *(pictures or ({}, {})))
         if step % cfg.system.log_interval == 0 or val is not None or is_last:
             elapsed = time.perf_counter() - window_start
-            record = make_record(step, loss_sum, grad_norm, engine.param_groups, lrs, val, state,
+            window_mean = {k: v / window_steps for k, v in loss_sum.items()}  # read back in make_record
+            record = make_record(step, window_mean, grad_norm_sum / window_steps, engine.param_groups, lrs, val, state,
                                  samples_per_step * window_steps / elapsed, elapsed / window_steps, stream.skipped)
             metrics.log(record)
             metrics.progress(step, record)
-            window_start, window_steps = time.perf_counter(), 0
-        loss_sum = {}
+            window_start, window_steps, loss_sum, grad_norm_sum = time.perf_counter(), 0, {}, 0.0
         preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
         if step % cfg.system.save_interval == 0 or is_last or preempted:
             path = save(step)
