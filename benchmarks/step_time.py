@@ -101,13 +101,12 @@ def quantile(values, q):
     return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
 
 
-def summarise(per_variant, skip):
-    """Figures per variant from its rounds' records."""
-    base = None
+def summarise(per_variant, skip, steps):
+    """Figures per variant from its rounds' records (one per logging window of equal length)."""
     table = {}
     for name, rounds in per_variant.items():
         times = [r["step_time"] for records, _ in rounds for r in records if r["step"] > skip]
-        last = [statistics.mean(r["loss"] for r in records[-20:]) for records, _ in rounds]
+        last = [statistics.mean(r["loss"] for r in records if r["step"] > steps - 20) for records, _ in rounds]
         median = statistics.median(times)
         table[name] = {"step_s": median, "spread_%": 100 * (quantile(times, 0.75) - quantile(times, 0.25)) / median,
                        "loss_last20": statistics.mean(last), "wall_s": statistics.median(w for _, w in rounds),
@@ -162,7 +161,7 @@ def main(argv=None):
                 times = [x["step_time"] for x in per_variant[name][-1][0] if x["step"] > args.skip]
                 print(f"round {r} {name}: median step {statistics.median(times):.4f} s, "
                       f"wall {per_variant[name][-1][1]:.0f} s", flush=True)
-    table = summarise(per_variant, args.skip)
+    table = summarise(per_variant, args.skip, args.steps)
     print_table(table, skipped)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
