@@ -63,7 +63,7 @@ def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer():
 @pytest.mark.parametrize("overrides, message", [
     (["system.speed.compile=false", "system.speed.cuda_graphs=true"],
      "'system.speed.cuda_graphs' is true but 'system.speed.compile' is false"),
-    (["system.speed.cuda_graphs=true", "model.gradient_checkpointing=true"],
+    (["system.speed.compile=true", "system.speed.cuda_graphs=true", "model.gradient_checkpointing=true"],
      "'system.speed.cuda_graphs' and 'model.gradient_checkpointing' are both true"),
     (["system.speed.tf32=false", "system.speed.matmul_precision=high"],
      "'system.speed.matmul_precision' is high (TF32 or bf16 matmuls) but 'system.speed.tf32' is false"),
