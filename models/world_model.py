@@ -61,16 +61,21 @@ class WorldModel(nn.Module):
         self.und_expert = UndExpert(wan.num_layers, spec["und_hidden"], s.und_expert.ffn_dim_multiplier,
                                     inner, s.und_expert.norm_eps, spec["vlm_dim"], s.und_expert.vlm.projector_type)
         self.gradient_checkpointing = s.gradient_checkpointing
-        self._layer, self._checkpointed_layer = joint_layer, checkpointed_joint_layer
+        self._compiled = None  # (layer, checkpointed layer) after compile_blocks
 
     def compile_blocks(self, mode=None):
         """Regional torch.compile: one compiled joint layer function (and its checkpointed twin)
         shared by every layer. The layers' modules are inputs of the graph, not constants in it, so
         the layers of one shape reuse one graph and compile time does not grow with depth. `mode`:
         torch.compile's (None: default; "reduce-overhead": CUDA graphs of the compiled layer)."""
-        self._layer = torch.compile(joint_layer, mode=mode)
-        self._checkpointed_layer = torch.compile(checkpointed_joint_layer, mode=mode)
+        self._compiled = (torch.compile(joint_layer, mode=mode), torch.compile(checkpointed_joint_layer, mode=mode))
         return self
+
+    def _layer_fn(self, recompute):
+        # eager: the module's functions, looked up at call time (models/activations.py wraps them)
+        if self._compiled is not None:
+            return self._compiled[recompute]
+        return checkpointed_joint_layer if recompute else joint_layer
 
     # ---- precision -------------------------------------------------------------------------
     def apply_precision(self):
@@ -123,7 +128,7 @@ class WorldModel(nn.Module):
                 args = (block, self.action_expert.layers[i], self.und_expert.layers[i], v, a, u,
                         mod_v, mod_a, text, rope, mask, self.heads)
                 recompute = self.gradient_checkpointing and torch.is_grad_enabled()
-                v, a, u = (self._checkpointed_layer if recompute else self._layer)(*args)
+                v, a, u = self._layer_fn(recompute)(*args)
             video_out = self._video_head(v, temb_v, x_video.shape)
             with self._action_io(device):
                 action_out = self.action_expert.decode(a.float(), temb_a)
