@@ -12,7 +12,8 @@ affects every variant alike. Every switch the variant does not turn on is set of
 Figures (per variant, from its metrics.jsonl):
 - step_s: median step time over the steady-state steps (after --skip steps, which hold the
   compilation) of every round; spread_%: (p75 - p25) / median of those, the noise;
-- speedup: step_s of all-off / step_s of the variant (> 1: faster);
+- speedup: per round, all-off's median step time / the variant's (> 1: faster); the median
+  over rounds (the JSON keeps every round's);
 - loss_last20: mean loss over the last 20 steps; loss_diff_%: its difference from all-off;
 - wall_s: the whole run, start-up and compilation included (median over rounds).
 Switches that cannot apply to the launch are left out and named (cuda_graphs without CUDA;
@@ -101,19 +102,27 @@ def quantile(values, q):
     return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
 
 
+def steady_times(records, skip):
+    return [r["step_time"] for r in records if r["step"] > skip]
+
+
 def summarise(per_variant, skip, steps):
-    """Figures per variant from its rounds' records (one per logging window of equal length)."""
+    """Figures per variant from its rounds' records (one per logging window of equal length).
+    The speedup is the median over rounds of each round's all-off median / the variant's median:
+    a round's runs are minutes apart, so a machine whose load drifts affects both sides alike."""
     table = {}
     for name, rounds in per_variant.items():
-        times = [r["step_time"] for records, _ in rounds for r in records if r["step"] > skip]
+        times = [t for records, _ in rounds for t in steady_times(records, skip)]
         last = [statistics.mean(r["loss"] for r in records if r["step"] > steps - 20) for records, _ in rounds]
         median = statistics.median(times)
         table[name] = {"step_s": median, "spread_%": 100 * (quantile(times, 0.75) - quantile(times, 0.25)) / median,
                        "loss_last20": statistics.mean(last), "wall_s": statistics.median(w for _, w in rounds),
+                       "round_step_s": [statistics.median(steady_times(records, skip)) for records, _ in rounds],
                        "losses": [[r["loss"] for r in records] for records, _ in rounds]}
     base = table["off"]
     for row in table.values():
-        row["speedup"] = base["step_s"] / row["step_s"]
+        row["round_speedup"] = [b / v for b, v in zip(base["round_step_s"], row["round_step_s"])]
+        row["speedup"] = statistics.median(row["round_speedup"])
         row["loss_diff_%"] = 100 * (row["loss_last20"] - base["loss_last20"]) / base["loss_last20"]
     return table
 
@@ -158,7 +167,7 @@ def main(argv=None):
             order = names[r % len(names):] + names[:r % len(names)]  # rotated each round
             for name in order:
                 per_variant[name].append(run_variant(args, name, plan[name], r, workdir))
-                times = [x["step_time"] for x in per_variant[name][-1][0] if x["step"] > args.skip]
+                times = steady_times(per_variant[name][-1][0], args.skip)
                 print(f"round {r} {name}: median step {statistics.median(times):.4f} s, "
                       f"wall {per_variant[name][-1][1]:.0f} s", flush=True)
     table = summarise(per_variant, args.skip, args.steps)
