@@ -137,6 +137,67 @@ def print_table(table, skipped):
         print(f"{name:<16}left out: {why}")
 
 
+def measure_parts(args):
+    """--parts: where one tiny step's time goes, in this process, each switch's part paired with
+    its off twin (alternating call by call, so load drift on a shared machine cancels)."""
+    import torch
+
+    from models import build_world_model
+    from optim import build_optimizer
+    from train.config import load_config
+
+    torch.set_num_threads(1)
+    cfg = load_config(args.config, args.set)
+    models, optimizers = [], []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model, encoders = build_world_model(cfg)
+        models.append(model.compile_blocks() if fused else model)  # the "on" twin: compiled
+        optimizers.append(build_optimizer(model.named_parameters(), cfg.training, 1, fused_adamw=fused))
+    gen = torch.Generator().manual_seed(0)
+    b, c = cfg.training.batch_size, cfg.common
+    batch = {"video": torch.rand(b, c.num_video_frames + 1, 3, c.video_height, c.video_width, generator=gen) * 2 - 1,
+             "state": torch.randn(b, c.state_dim, generator=gen), "instruction": ["push the red cube left"] * b,
+             "actions": torch.randn(b, c.num_video_frames * c.video_action_freq_ratio, c.action_dim, generator=gen)}
+
+    def timed(fn):
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    def fwd_bwd(i):
+        models[i](inputs)["loss"].backward()
+
+    def opt_step(i):
+        optimizers[i].step()
+        optimizers[i].zero_grad(set_to_none=True)
+
+    parts = {"encode (frozen VAE, text, VLM)": [], "forward+backward off": [], "forward+backward compile": [],
+             "optimizer off": [], "optimizer fused_adamw": []}
+    for step in range(args.steps):
+        start = time.perf_counter()
+        with torch.no_grad():
+            inputs = encoders.encode(dict(batch))
+        t_encode = time.perf_counter() - start
+        inputs["noise_seeds"] = torch.arange(b)
+        times = [timed(lambda: fwd_bwd(0)), timed(lambda: fwd_bwd(1)), timed(lambda: opt_step(0)), timed(lambda: opt_step(1))]
+        if step >= args.skip:
+            for key, t in zip(parts, [t_encode, *times]):
+                parts[key].append(t)
+    table = {k: statistics.median(v) for k, v in parts.items()}
+    print(f"\n{'part':<34}{'median_s':>10}")
+    for k, v in table.items():
+        print(f"{k:<34}{v:>10.4f}")
+    ratios = {"compile (forward+backward)": table["forward+backward off"] / table["forward+backward compile"],
+              "fused_adamw (optimizer)": table["optimizer off"] / table["optimizer fused_adamw"]}
+    off = sum(table[k] for k in ("encode (frozen VAE, text, VLM)", "forward+backward off", "optimizer off"))
+    on = sum(table[k] for k in ("encode (frozen VAE, text, VLM)", "forward+backward compile", "optimizer fused_adamw"))
+    ratios["both, on these parts"] = off / on
+    for k, v in ratios.items():
+        print(f"speedup {k:<30}{v:>8.3f}")
+    return {"parts_s": table, "speedup": ratios}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/tiny.yaml")
@@ -148,8 +209,19 @@ def main(argv=None):
     p.add_argument("--only", nargs="+", default=None, help="run these variants only (off is always run)")
     p.add_argument("--set", nargs="+", default=[], help="key=value overrides for every variant")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per run")
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "step_time.json"))
+    p.add_argument("--out", default=None, help="JSON (default benchmarks/results/step_time.json, "
+                   "or step_parts.json with --parts)")
+    p.add_argument("--parts", action="store_true",
+                   help="one process, no launcher: time the step's parts with each switch paired with its off twin")
     args = p.parse_args(argv)
+    args.out = args.out or os.path.join(ROOT, "benchmarks", "results", "step_parts.json" if args.parts else "step_time.json")
+    if args.parts:
+        result = measure_parts(args)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"config": args.config, "steps": args.steps, "skip": args.skip, "set": args.set, **result}, f, indent=1)
+        print(f"\nwrote {args.out}")
+        return
     if args.steps < args.skip + 20:
         p.error(f"--steps {args.steps} must be at least --skip + 20 ({args.skip + 20}): the loss is the mean of the last 20")
     import torch
