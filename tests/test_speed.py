@@ -27,37 +27,42 @@ def tiny_inputs(encoders, batch_size=2):
 
 
 def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer():
-    """Forward (losses, and velocities with and without checkpointing) of the tiny model compiled
-    with inductor against eager, fp32: within float round-off. Both layers run one graph."""
+    """The tiny model, fp32, with gradient checkpointing: the losses (forward) and every gradient
+    (backward, with the recompute) of the inductor-compiled layer against eager, within float
+    round-off; both layers run one compiled graph."""
     from torch._dynamo.utils import counters
 
     from models import build_world_model
 
-    cfg = load_config("configs/tiny.yaml")
+    cfg = load_config("configs/tiny.yaml", ["model.gradient_checkpointing=true"])
     torch.manual_seed(0)
     model, encoders = build_world_model(cfg)
     with torch.no_grad():  # a trained-like decoder, so the action path shows in the outputs
         model.action_expert.proj_out.weight.normal_(0, 0.1)
     inputs = tiny_inputs(encoders)
-    x = torch.randn(2, 8, 2, 8, 8, generator=torch.Generator().manual_seed(1))
-    xa = torch.randn(2, 8, 4, generator=torch.Generator().manual_seed(2))
-    s = torch.tensor([0.3, 0.8])
-    with torch.no_grad():
-        eager_loss = model(inputs)
-        eager_v = model.velocity(x, s, xa, s, inputs)
-        torch._dynamo.reset()
-        counters.clear()
-        model.compile_blocks()
-        compiled_loss = model(inputs)
-        compiled_v = model.velocity(x, s, xa, s, inputs)
-        graphs = counters["stats"]["unique_graphs"]
-    assert graphs == 1, f"{graphs} graphs for {len(model.video.blocks)} layers: the layers do not share one"
-    for k in ("loss", "video_loss", "action_loss"):
-        assert torch.allclose(compiled_loss[k], eager_loss[k], rtol=1e-5, atol=1e-6), (k, compiled_loss[k], eager_loss[k])
-    for got, want in zip(compiled_v, eager_v):
-        assert got.abs().max() > 0.1  # a real output, not zeros
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+    def losses_and_grads():
+        model.zero_grad(set_to_none=True)
+        out = model(inputs)
+        out["loss"].backward()
+        return ({k: out[k].detach() for k in ("loss", "video_loss", "action_loss")},
+                {n: p.grad.clone() for n, p in model.named_parameters()})
+
+    eager_losses, eager_grads = losses_and_grads()
     torch._dynamo.reset()
+    counters.clear()
+    model.compile_blocks()
+    compiled_losses, compiled_grads = losses_and_grads()
+    graphs = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert graphs == 1, f"{graphs} graphs for {len(model.video.blocks)} layers: the layers do not share one"
+    for k, want in eager_losses.items():
+        assert torch.allclose(compiled_losses[k], want, rtol=1e-5, atol=1e-6), (k, compiled_losses[k], want)
+    block_grad = eager_grads["video.blocks.1.attn1.to_q.weight"]
+    assert block_grad.abs().max() > 0  # the compiled layer's weights really get gradients
+    for name, want in eager_grads.items():
+        scale = want.abs().max().clamp_min(1e-12)
+        assert (compiled_grads[name] - want).abs().max() / scale < 1e-4, name
 
 
 @pytest.mark.parametrize("overrides, message", [
