@@ -232,6 +232,25 @@ POSITIVE_INTS = (
 DERIVED = {"common.action_chunk_size": "num_video_frames * video_action_freq_ratio"}
 
 
+def _check_speed(cfg, source):
+    """Switch combinations that cannot work together (TRAINING.md, "Speed switches")."""
+    sp = cfg.system.speed
+    require(source, sp.bucket_cap_mb is None or sp.bucket_cap_mb > 0, "system.speed.bucket_cap_mb",
+            sp.bucket_cap_mb, "null (torch's default) or a positive number of MB")
+    if sp.cuda_graphs and not sp.compile:
+        raise ConfigError(f"{source}: 'system.speed.cuda_graphs' is true but 'system.speed.compile' is false; "
+                          "CUDA graphs are captured inside the compiled layer (mode reduce-overhead): "
+                          "set compile=true or cuda_graphs=false")
+    if sp.cuda_graphs and cfg.model.gradient_checkpointing:
+        raise ConfigError(f"{source}: 'system.speed.cuda_graphs' and 'model.gradient_checkpointing' are both "
+                          "true; a CUDA graph keeps the activations of every captured layer in its own memory "
+                          "pool, which undoes what checkpointing saves: turn one off")
+    if not sp.tf32 and sp.matmul_precision in ("high", "medium"):
+        raise ConfigError(f"{source}: 'system.speed.matmul_precision' is {sp.matmul_precision} (TF32 or bf16 "
+                          "matmuls) but 'system.speed.tf32' is false; set matmul_precision to highest or null, "
+                          "or tf32=true")
+
+
 def _check_values(cfg, source):
     """Every rule on one field or between fields; the first broken one raises."""
     for key, allowed in choices().items():
@@ -277,6 +296,7 @@ def _check_values(cfg, source):
     ]
     for ok, key, value, expected in rules:
         require(source, ok, key, value, expected)
+    _check_speed(cfg, source)
     d = cfg.dataset
     dirs = [d.dataset_dir] if isinstance(d.dataset_dir, str) else list(d.dataset_dir)
     require(source, bool(dirs), "dataset.dataset_dir", dirs, "a folder or a non-empty list of folders")
@@ -286,29 +306,9 @@ def _check_values(cfg, source):
                 f"one non-negative number per dataset_dir entry ({len(dirs)} in all) with a positive sum")
     if d.type == "robotwin" and d.task_mode == "single" and not d.task_name:
         raise ConfigError(f"{source}: 'dataset.task_mode' is single but 'dataset.task_name' is not set")
-    _check_speed(cfg, source)
     if cfg.resume.checkpoint_path is not None and cfg.finetune.checkpoint_path is not None:
         raise ConfigError(f"{source}: 'resume.checkpoint_path' and 'finetune.checkpoint_path' are both "
                           "set; resume continues a run, finetune starts a new one from weights: pick one")
-
-
-def _check_speed(cfg, source):
-    """Switch combinations that cannot work together (TRAINING.md, "Speed switches")."""
-    sp = cfg.system.speed
-    require(source, sp.bucket_cap_mb is None or sp.bucket_cap_mb > 0, "system.speed.bucket_cap_mb",
-            sp.bucket_cap_mb, "null (torch's default) or a positive number of MB")
-    if sp.cuda_graphs and not sp.compile:
-        raise ConfigError(f"{source}: 'system.speed.cuda_graphs' is true but 'system.speed.compile' is false; "
-                          "CUDA graphs are captured inside the compiled layer (mode reduce-overhead): "
-                          "set compile=true or cuda_graphs=false")
-    if sp.cuda_graphs and cfg.model.gradient_checkpointing:
-        raise ConfigError(f"{source}: 'system.speed.cuda_graphs' and 'model.gradient_checkpointing' are both "
-                          "true; a CUDA graph keeps the activations of every captured layer in its own memory "
-                          "pool, which undoes what checkpointing saves: turn one off")
-    if not sp.tf32 and sp.matmul_precision in ("high", "medium"):
-        raise ConfigError(f"{source}: 'system.speed.matmul_precision' is {sp.matmul_precision} (TF32 or bf16 "
-                          "matmuls) but 'system.speed.tf32' is false; set matmul_precision to highest or null, "
-                          "or tf32=true")
 
 
 def check_launch(cfg, world_size, deepspeed):

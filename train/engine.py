@@ -76,12 +76,12 @@ def make_accelerator(ds_config, timeout_minutes, speed=None):
     _single_process_env()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    handlers = [InitProcessGroupKwargs(backend=backend, timeout=timedelta(minutes=timeout_minutes))]
-    if speed is not None:
-        handlers.append(ddp_kwargs(speed))
     # cpu=True would silently drop DeepSpeed; the backend choice is what makes CPU work.
-    return Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config) if ds_config else None,
-                       kwargs_handlers=handlers)
+    return Accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config) if ds_config else None,
+        kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=timedelta(minutes=timeout_minutes)),
+                         *([] if speed is None else [ddp_kwargs(speed)])],
+    )
 
 
 class Engine:

@@ -148,7 +148,7 @@ def main(argv=None):
         return checkpointer.save(step, engine, trainer_state, stats)
 
     engine.train()
-    window_start, window_steps, loss_sum, grad_norm_sum = time.perf_counter(), 0, {}, 0.0
+    window_start, window_steps, loss_sum = time.perf_counter(), 0, {}
     while state.step < cfg.training.max_steps:
         lrs = schedule.apply(engine)  # the lr of this update, set before it
         step = state.step + 1
@@ -159,7 +159,7 @@ def main(argv=None):
             out = engine.micro_step(inputs, is_last=micro == ga - 1)
             for k in ("loss", "video_loss", "action_loss"):
                 loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
-        grad_norm_sum = grad_norm_sum + engine.optimizer_step()  # on the device until logged
+        grad_norm = engine.optimizer_step()
         state.step, state.samples_seen = step, state.samples_seen + samples_per_step
         window_steps += 1
 
@@ -170,12 +170,12 @@ def main(argv=None):
             metrics.add_figures(step, *(pictures or ({}, {})))
         if step % cfg.system.log_interval == 0 or val is not None or is_last:
             elapsed = time.perf_counter() - window_start
-            window_mean = {k: v / window_steps for k, v in loss_sum.items()}  # read back in make_record
-            record = make_record(step, window_mean, grad_norm_sum / window_steps, engine.param_groups, lrs, val, state,
+            record = make_record(step, loss_sum, grad_norm, engine.param_groups, lrs, val, state,
                                  samples_per_step * window_steps / elapsed, elapsed / window_steps, stream.skipped)
             metrics.log(record)
             metrics.progress(step, record)
-            window_start, window_steps, loss_sum, grad_norm_sum = time.perf_counter(), 0, {}, 0.0
+            window_start, window_steps = time.perf_counter(), 0
+        loss_sum = {}
         preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
         if step % cfg.system.save_interval == 0 or is_last or preempted:
             path = save(step)
