@@ -72,6 +72,8 @@ def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer():
      "'system.speed.cuda_graphs' and 'model.gradient_checkpointing' are both true"),
     (["system.speed.tf32=false", "system.speed.matmul_precision=high"],
      "'system.speed.matmul_precision' is high (TF32 or bf16 matmuls) but 'system.speed.tf32' is false"),
+    (["system.speed.static_graph=true", "training.gradient_accumulation_steps=2"],
+     "'system.speed.static_graph' is true and 'training.gradient_accumulation_steps' is 2"),
     (["system.speed.matmul_precision=fast"], "'system.speed.matmul_precision'"),
     (["system.speed.bucket_cap_mb=0"], "'system.speed.bucket_cap_mb' is 0; expected null (torch's default)"),
 ])

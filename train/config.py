@@ -245,6 +245,11 @@ def _check_speed(cfg, source):
         raise ConfigError(f"{source}: 'system.speed.cuda_graphs' and 'model.gradient_checkpointing' are both "
                           "true; a CUDA graph keeps the activations of every captured layer in its own memory "
                           "pool, which undoes what checkpointing saves: turn one off")
+    if sp.static_graph and cfg.training.gradient_accumulation_steps > 1:
+        raise ConfigError(f"{source}: 'system.speed.static_graph' is true and 'training.gradient_accumulation_steps' "
+                          f"is {cfg.training.gradient_accumulation_steps}; DDP's static graph cannot skip the "
+                          "gradient all-reduce of the accumulation micro-steps (no_sync; torch stops with "
+                          "'expect_autograd_hooks_ INTERNAL ASSERT FAILED'): set static_graph=false")
     if not sp.tf32 and sp.matmul_precision in ("high", "medium"):
         raise ConfigError(f"{source}: 'system.speed.matmul_precision' is {sp.matmul_precision} (TF32 or bf16 "
                           "matmuls) but 'system.speed.tf32' is false; set matmul_precision to highest or null, "
