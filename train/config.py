@@ -87,9 +87,9 @@ class TrainingConfig:
 @dataclass
 class SpeedConfig:
     """Step-time switches, each on or off alone (TRAINING.md, "Speed switches")."""
-    compile: bool = True
+    compile: bool = False
     """torch.compile the joint layer function once and reuse it for every layer (inductor on CPU
-    and GPU, with or without gradient checkpointing); false: eager, for debugging."""
+    and GPU, with or without gradient checkpointing); off until measured on your GPU (TRAINING.md)."""
     fused_adamw: bool = True
     """AdamW (plain, or MuonAdamW's AdamW group) on torch's fused kernel; false: torch's default."""
     tf32: bool = True
