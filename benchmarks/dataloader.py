@@ -1,8 +1,14 @@
-"""Data loading throughput: LeRobot from mp4 vs from the latent cache, and compute_stats time.
+"""Data loading throughput: LeRobot from mp4 vs from the latent cache, compute_stats time, and a race
+against LeRobot's own `LeRobotDataset` on an existing folder.
 
     python benchmarks/dataloader.py [--quick] [--workers 2] [--out benchmarks/results/dataloader.json]
+    python benchmarks/dataloader.py --lerobot-dir DIR [--num-video-frames 8 --global-downsample-rate 3
+        --video-action-freq-ratio 2 --video-height 384 --video-width 320] [--windows 48 --rounds 3 --workers 2]
 
-Generates a LeRobot v3.0 dataset (AV1, LeRobot's encoder settings) of squares moved by actions,
+With --lerobot-dir (see `race_official` below) nothing is generated: the folder is read as it is.
+Without it:
+
+generates a LeRobot v3.0 dataset (AV1, LeRobot's encoder settings) of squares moved by actions,
 then measures, in one process run and side by side:
 - samples/s of the train stream decoding mp4 (Motus geometry: 384 x 320, F = 8, d = 3, r = 2),
   with the loading in the main process (one worker) and with `--workers` DataLoader workers
@@ -33,6 +39,7 @@ from data.build_cache import build_cache  # noqa: E402
 from data.compute_stats import compute_stats  # noqa: E402
 from data.lerobot_writer import LeRobotWriter  # noqa: E402
 from data.synthetic import generate  # noqa: E402
+from benchmarks.lerobot_official import add_race_arguments, race_official  # noqa: E402
 
 
 class FullSizeFakeEncoders:
@@ -66,7 +73,7 @@ def numeric_dataset(folder, episodes, length, dim=14):
 
 
 def make_cfg(folder, root, workers, cache_dir=None):
-    base = {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 8, "video_height": 384,
+    base = {"common": {"action_dim": 4, "state_dim": 8, "num_video_frames": 8, "video_height": 384,
                        "video_width": 320, "global_downsample_rate": 3, "video_action_freq_ratio": 2},
             "dataset": {"type": "lerobot", "dataset_dir": root, "val_fraction": 0.0, "cache_dir": cache_dir,
                         "cache_stride": 12},
@@ -94,8 +101,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small dataset, few batches (about a minute)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default=os.path.join("benchmarks", "results", "dataloader.json"))
+    parser.add_argument("--out", default=None, help="JSON file to write; default benchmarks/results/"
+                        "dataloader.json, or dataloader_lerobot.json with --lerobot-dir")
+    add_race_arguments(parser)
     args = parser.parse_args()
+    name = "dataloader_lerobot.json" if args.lerobot_dir else "dataloader.json"
+    args.out = args.out or os.path.join("benchmarks", "results", name)
+    if args.lerobot_dir:
+        return race_official(args)
     size = dict(num_episodes=4, episode_length=120, image_height=240, image_width=320) if args.quick else \
         dict(num_episodes=12, episode_length=300, image_height=480, image_width=640)
     batches = 5 if args.quick else 25

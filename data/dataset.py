@@ -1,4 +1,4 @@
-"""Samples from episodes: the window of DESIGN.md section 7, decoded, fitted and normalised.
+"""Samples from episodes: a window (data/episodes.py; TRAINING.md, "The sample window"), decoded, fitted, normalised.
 
 A dataset here is a set of episodes plus the rules to turn a window (episode, condition
 frame) into a sample. The train stream asks it to `draw` windows with a seeded generator;
@@ -10,7 +10,7 @@ import torch
 
 from data.episodes import WindowSpec
 from data.errors import DataError
-from data.lerobot_format import read_parquet_images
+from data.lerobot_format import ParquetImages
 from data.transforms import fit_frames, tile_cameras
 from data.video import read_frames
 
@@ -22,6 +22,7 @@ class EpisodeDataset:
                  source_weights=None):
         self.spec, self.image_keys, self.height, self.width = spec, list(image_keys), height, width
         self.stats, self.instruction = stats, instruction
+        self._images = ParquetImages()
         self.episodes = [e for e in episodes if spec.num_windows(e.length) > 0]
         self.too_short = [e for e in episodes if spec.num_windows(e.length) == 0]
         sources = sorted({e.source for e in self.episodes})
@@ -94,7 +95,7 @@ class EpisodeDataset:
         for key in self.image_keys:
             if key in ep.images:
                 path, rows = ep.images[key]
-                views.append(read_parquet_images(path, key, rows[frames]))
+                views.append(self._images.read(path, key, rows[frames]))
                 continue
             path, start = ep.videos[key]
             times = start + ep.timestamps[frames]

@@ -1,11 +1,8 @@
 """Read LeRobot v2.1 and v3.0 folders directly (pyarrow for parquet; frames come later from PyAV).
 
-v3.0: meta/info.json, meta/tasks.parquet, meta/episodes/chunk-*/file-*.parquet (one row per
-episode: `data/chunk_index`, `data/file_index`, `videos/{key}/chunk_index|file_index|
-from_timestamp|to_timestamp`, `length`, `tasks`), data files holding many episodes.
-v2.1 (and v2.0): meta/info.json, meta/episodes.jsonl, meta/tasks.jsonl, one parquet and one
-mp4 per episode under the `data_path` / `video_path` templates (`episode_chunk` =
-episode_index // chunks_size).
+Where the two versions differ (episode metadata, tasks, which file holds an episode's rows and
+frames) is one layout object per version, `V30Layout` and `V21Layout`; the rest is shared.
+Every parquet file goes through `read_parquet`.
 
 Only the state, action, timestamp, frame_index, episode_index and task_index columns are
 read up front; frames of an episode are its rows sorted by `frame_index`. Cameras are video
@@ -42,12 +39,12 @@ def read_info(root):
     return info
 
 
-def version_of(info):
+def layout_of(root, info):
+    """The layout object of the folder's format version."""
     version = str(info["codebase_version"])
-    if version.startswith("v3"):
-        return "v3.0"
-    if version.startswith("v2"):
-        return "v2.1"
+    for prefix, layout in (("v3", V30Layout), ("v2", V21Layout)):
+        if version.startswith(prefix):
+            return layout(root, info)
     raise DataError(f"LeRobot codebase_version {version!r} is not supported; expected v2.x or v3.x")
 
 
@@ -56,30 +53,46 @@ def camera_keys(info):
     return [k for k, f in info["features"].items() if f.get("dtype") in ("video", "image")]
 
 
-_image_columns = OrderedDict()  # (process, file, key) -> arrow column of encoded frames
+class ParquetImages:
+    """Frames of image features (PNG/JPEG bytes per row of a data file), read per sample.
 
-
-def read_parquet_images(path, key, rows):
-    """uint8 [len(rows), H, W, 3] from an image feature (PNG/JPEG bytes per row) of a data file.
-
-    The column of the last few files is kept per process: consecutive samples mostly read
-    the same file, and a column is at most the file's size (100 MB by LeRobot's default).
+    The column of the last few files is kept: consecutive samples mostly read the same file,
+    and a column is at most the file's size (100 MB by LeRobot's default). The dataset object
+    owns one; a forked DataLoader worker starts from a copy of its parent's (plain memory, no
+    open file), and pickling (spawned workers) leaves the columns behind.
     """
-    cache_key = (os.getpid(), path, key)
-    if cache_key not in _image_columns:
-        _image_columns[cache_key] = read_columns(path, [key])[key].combine_chunks()
-        while len(_image_columns) > 2:
-            _image_columns.popitem(last=False)
-    column = _image_columns[cache_key]
-    frames = []
-    for r in rows:
-        item = column[int(r)].as_py()
-        blob = item.get("bytes") if isinstance(item, dict) else item
-        try:
-            frames.append(np.asarray(Image.open(io.BytesIO(blob)).convert("RGB")))
-        except Exception as e:  # PIL raises several types for undecodable bytes
-            raise DataError(f"{path}: image '{key}' in row {int(r)} cannot be decoded: {e}") from None
-    return np.stack(frames)
+
+    LIMIT = 2
+
+    def __init__(self):
+        self._columns = OrderedDict()  # (file, key) -> arrow column of encoded frames
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+    def _column(self, path, key):
+        if (path, key) not in self._columns:
+            self._columns[(path, key)] = read_parquet(path, _require([key], path)).column(key).combine_chunks()
+            while len(self._columns) > self.LIMIT:
+                self._columns.popitem(last=False)
+        self._columns.move_to_end((path, key))
+        return self._columns[(path, key)]
+
+    def read(self, path, key, rows):
+        """uint8 [len(rows), H, W, 3] of image feature `key` at `rows` of data file `path`."""
+        column = self._column(path, key)
+        frames = []
+        for r in rows:
+            item = column[int(r)].as_py()
+            blob = item.get("bytes") if isinstance(item, dict) else item
+            try:
+                frames.append(np.asarray(Image.open(io.BytesIO(blob)).convert("RGB")))
+            except Exception as e:  # PIL raises several types for undecodable bytes
+                raise DataError(f"{path}: image '{key}' in row {int(r)} cannot be decoded: {e}") from None
+        return np.stack(frames)
 
 
 def feature_dim(info, key, root):
@@ -109,39 +122,35 @@ def column_to_array(column, key, path):
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, 1)
 
 
-def read_columns(path, wanted, optional=()):
-    """{name: arrow column} of a parquet file; DataError naming the file when it cannot be read."""
+def read_parquet(path, select=None):
+    """The pyarrow table of `path` with the columns `select(names)` picks from its schema (all when
+    None); DataError naming the file when it is missing or cannot be read."""
     if not os.path.isfile(path):
         raise DataError(f"parquet file {path} does not exist")
     try:
         names = pq.read_schema(path).names
-        missing = [k for k in wanted if k not in names]
-        if missing:
-            raise DataError(f"parquet file {path} has no column {missing}; it has {names}")
-        columns = list(wanted) + [k for k in optional if k in names]
-        table = pq.read_table(path, columns=columns)
+        return pq.read_table(path, columns=names if select is None else select(names))
     except DataError:
         raise
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"parquet file {path} cannot be read: {e}") from None
-    return {k: table.column(k) for k in columns}
 
 
-def _read_tasks_v30(root):
-    path = os.path.join(root, "meta", "tasks.parquet")
-    if not os.path.isfile(path):
-        return {}
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"parquet file {path} cannot be read: {e}") from None
-    # the task string is the pandas index: a column named "task" or "__index_level_0__"
-    is_text = lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)  # noqa: E731
-    text = [n for n in table.column_names if n != "task_index" and is_text(table.schema.field(n).type)]
-    if "task_index" not in table.column_names or not text:
-        raise DataError(f"{path}: expected a 'task_index' column and a task string column, "
-                        f"found {table.column_names}")
-    return dict(zip(table.column("task_index").to_pylist(), table.column(text[0]).to_pylist()))
+def _require(wanted, path, optional=()):
+    """A column selector for `read_parquet`: every `wanted` column (DataError when one is missing)
+    and those of `optional` the file has."""
+    def select(names):
+        missing = [k for k in wanted if k not in names]
+        if missing:
+            raise DataError(f"parquet file {path} has no column {missing}; it has {names}")
+        return list(wanted) + [k for k in optional if k in names]
+    return select
+
+
+def read_columns(path, wanted, optional=()):
+    """{name: arrow column} of a parquet file: `wanted` ones and those of `optional` present."""
+    table = read_parquet(path, _require(wanted, path, optional))
+    return {k: table.column(k) for k in table.column_names}
 
 
 def _read_jsonl(path):
@@ -158,19 +167,74 @@ def _read_jsonl(path):
     return rows
 
 
-def _episode_rows_v30(root):
-    files = sorted(glob.glob(os.path.join(root, "meta", "episodes", "*", "*.parquet")))
-    if not files:
-        raise DataError(f"{root}: no episode metadata under meta/episodes/chunk-*/file-*.parquet")
-    rows = []
-    for path in files:
-        try:
-            names = pq.read_schema(path).names
-            table = pq.read_table(path, columns=[n for n in names if not n.startswith("stats/")])
-        except (pa.ArrowException, OSError) as e:
-            raise DataError(f"parquet file {path} cannot be read: {e}") from None
-        rows.extend(table.to_pylist())
-    return sorted(rows, key=lambda r: r["episode_index"])
+def _is_text(arrow_type):
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or \
+        pa.types.is_string_view(arrow_type)
+
+
+class V30Layout:
+    """LeRobot v3.0: episode metadata in meta/episodes/chunk-*/file-*.parquet, tasks in
+    meta/tasks.parquet, data and video files holding many episodes."""
+
+    def __init__(self, root, info):
+        self.root, self.info = root, info
+
+    def episode_rows(self):
+        files = sorted(glob.glob(os.path.join(self.root, "meta", "episodes", "*", "*.parquet")))
+        if not files:
+            raise DataError(f"{self.root}: no episode metadata under meta/episodes/chunk-*/file-*.parquet")
+        rows = []
+        for path in files:  # per-episode statistics are not needed here
+            rows.extend(read_parquet(path, lambda names: [n for n in names if not n.startswith("stats/")]).to_pylist())
+        return rows
+
+    def tasks(self):
+        path = os.path.join(self.root, "meta", "tasks.parquet")
+        if not os.path.isfile(path):
+            return {}
+        table = read_parquet(path)
+        # the task string is the pandas index: a column named "task" or "__index_level_0__"
+        text = [n for n in table.column_names if n != "task_index" and _is_text(table.schema.field(n).type)]
+        if "task_index" not in table.column_names or not text:
+            raise DataError(f"{path}: expected a 'task_index' column and a task string column, "
+                            f"found {table.column_names}")
+        return dict(zip(table.column("task_index").to_pylist(), table.column(text[0]).to_pylist()))
+
+    def data_path(self, row):
+        rel = self.info["data_path"].format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+        return os.path.join(self.root, rel)
+
+    def video(self, row, key):
+        """(mp4 path, time of the episode's first frame in it) of camera `key`."""
+        rel = self.info["video_path"].format(video_key=key, chunk_index=row[f"videos/{key}/chunk_index"],
+                                             file_index=row[f"videos/{key}/file_index"])
+        return os.path.join(self.root, rel), float(row[f"videos/{key}/from_timestamp"])
+
+
+class V21Layout:
+    """LeRobot v2.1 (and v2.0): meta/episodes.jsonl, meta/tasks.jsonl, one parquet and one mp4 per
+    episode under the `data_path` / `video_path` templates (`episode_chunk` = episode_index // chunks_size)."""
+
+    def __init__(self, root, info):
+        self.root, self.info = root, info
+
+    def episode_rows(self):
+        return _read_jsonl(os.path.join(self.root, "meta", "episodes.jsonl"))
+
+    def tasks(self):
+        return {r["task_index"]: r["task"] for r in _read_jsonl(os.path.join(self.root, "meta", "tasks.jsonl"))}
+
+    def _format(self, template, row, **fields):
+        ep = row["episode_index"]
+        rel = template.format(episode_chunk=ep // self.info.get("chunks_size", 1000), episode_index=ep, **fields)
+        return os.path.join(self.root, rel)
+
+    def data_path(self, row):
+        return self._format(self.info["data_path"], row)
+
+    def video(self, row, key):
+        """(mp4 path, time of the episode's first frame in it: 0, one file per episode) of camera `key`."""
+        return self._format(self.info["video_path"], row, video_key=key), 0.0
 
 
 class LeRobotSource:
@@ -179,7 +243,7 @@ class LeRobotSource:
     def __init__(self, root, source, state_key, action_key, image_keys=None, max_episodes=None):
         self.root, self.source = root, source
         self.info = read_info(root)
-        self.version = version_of(self.info)
+        self.layout = layout_of(root, self.info)
         self.fps = float(self.info["fps"])
         self.state_key, self.action_key = state_key, action_key
         available = camera_keys(self.info)
@@ -192,13 +256,8 @@ class LeRobotSource:
                                 f"of meta/info.json; camera features: {available}")
         self.action_dim = feature_dim(self.info, action_key, root)
         self.state_dim = feature_dim(self.info, state_key, root) if state_key else None
-        if self.version == "v3.0":
-            self.tasks = _read_tasks_v30(root)
-            self.rows = _episode_rows_v30(root)
-        else:
-            self.tasks = {r["task_index"]: r["task"] for r in _read_jsonl(os.path.join(root, "meta", "tasks.jsonl"))}
-            self.rows = sorted(_read_jsonl(os.path.join(root, "meta", "episodes.jsonl")),
-                               key=lambda r: r["episode_index"])
+        self.tasks = self.layout.tasks()
+        self.rows = sorted(self.layout.episode_rows(), key=lambda r: r["episode_index"])
         if max_episodes is not None:
             self.rows = self.rows[:max_episodes]
         self.episode_indices = [int(r["episode_index"]) for r in self.rows]
@@ -211,7 +270,7 @@ class LeRobotSource:
         """Episodes of this folder. `on_bad(message)` gets each unreadable episode; it raises to stop."""
         groups = {}
         for row in self.rows:
-            groups.setdefault(self._data_path(row), []).append(row)
+            groups.setdefault(self.layout.data_path(row), []).append(row)
         episodes = []
         for path, rows in groups.items():
             try:
@@ -239,26 +298,6 @@ class LeRobotSource:
         order = np.lexsort((frame, episode))
         sorted_eps = episode[order]
         return lambda ep: order[np.searchsorted(sorted_eps, ep, "left"):np.searchsorted(sorted_eps, ep, "right")]
-
-    def _data_path(self, row):
-        if self.version == "v3.0":
-            rel = self.info["data_path"].format(chunk_index=row["data/chunk_index"],
-                                                file_index=row["data/file_index"])
-        else:
-            ep = row["episode_index"]
-            rel = self.info["data_path"].format(episode_chunk=ep // self.info.get("chunks_size", 1000),
-                                                episode_index=ep)
-        return os.path.join(self.root, rel)
-
-    def _video(self, row, key):
-        if self.version == "v3.0":
-            rel = self.info["video_path"].format(video_key=key, chunk_index=row[f"videos/{key}/chunk_index"],
-                                                 file_index=row[f"videos/{key}/file_index"])
-            return os.path.join(self.root, rel), float(row[f"videos/{key}/from_timestamp"])
-        ep = row["episode_index"]
-        rel = self.info["video_path"].format(episode_chunk=ep // self.info.get("chunks_size", 1000),
-                                             video_key=key, episode_index=ep)
-        return os.path.join(self.root, rel), 0.0
 
     def _episode(self, row, columns, path, rows):
         ep = int(row["episode_index"])
@@ -289,7 +328,7 @@ class LeRobotSource:
             if self.info["features"][key]["dtype"] == "image":
                 images[key] = (path, rows)
                 continue
-            video_path, start = self._video(row, key)
+            video_path, start = self.layout.video(row, key)
             if not os.path.isfile(video_path):
                 raise DataError(f"{where}: video file {video_path} ({key}) does not exist")
             videos[key] = (video_path, start)

@@ -1,4 +1,4 @@
-"""The action and understanding experts (shared ARCH.md: "Action expert", "Understanding expert").
+"""The action and understanding experts (docs/architecture.md: "Action expert", "Understanding expert").
 
 Both have one block per Wan block. A block projects its tokens into the Wan head
 space with its own q/k/v (the joint attention itself runs in `models/joint.py`),

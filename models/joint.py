@@ -1,5 +1,5 @@
 """One Mixture-of-Transformers layer: video (a diffusers `WanTransformerBlock`), action and
-understanding tokens share one attention call (shared ARCH.md, "One layer, three streams").
+understanding tokens share one attention call (docs/architecture.md, "One layer, three streams").
 
 The Wan block's own modules are used as they are (attn1.to_q/k/v, norm_q/k, to_out,
 attn2, ffn, scale_shift_table); only the order of calls is ours, so that the

@@ -32,6 +32,12 @@ def settings_from_dict(model_section):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model_section))
 
 
+def checkpointed_joint_layer(*args):
+    """joint_layer under activation checkpointing (its activations are recomputed in backward);
+    compiled as a whole, the checkpoint becomes part of the compiled graph."""
+    return checkpoint(joint_layer, *args, use_reentrant=False)
+
+
 class WorldModel(nn.Module):
     """`spec` (a JSON-able dict, saved as config.json) fixes the architecture:
     wan (WanTransformer3DModel kwargs), action_hidden, und_hidden, vlm_dim, action_dim,
@@ -56,6 +62,21 @@ class WorldModel(nn.Module):
         self.und_expert = UndExpert(wan.num_layers, spec["und_hidden"], s.und_expert.ffn_dim_multiplier,
                                     inner, s.und_expert.norm_eps, spec["vlm_dim"], s.und_expert.vlm.projector_type)
         self.gradient_checkpointing = s.gradient_checkpointing
+        self._compiled = None  # (layer, checkpointed layer) after compile_blocks
+
+    def compile_blocks(self, mode=None):
+        """Regional torch.compile: one compiled joint layer function (and its checkpointed twin)
+        shared by every layer. The layers' modules are inputs of the graph, not constants in it, so
+        the layers of one shape reuse one graph and compile time does not grow with depth. `mode`:
+        torch.compile's (None: default; "reduce-overhead": CUDA graphs of the compiled layer)."""
+        self._compiled = (torch.compile(joint_layer, mode=mode), torch.compile(checkpointed_joint_layer, mode=mode))
+        return self
+
+    def _layer_fn(self, recompute):
+        # eager: the module's functions, looked up at call time (models/activations.py wraps them)
+        if self._compiled is not None:
+            return self._compiled[recompute]
+        return checkpointed_joint_layer if recompute else joint_layer
 
     # ---- precision -------------------------------------------------------------------------
     def apply_precision(self):
@@ -107,10 +128,8 @@ class WorldModel(nn.Module):
             for i, block in enumerate(wan.blocks):
                 args = (block, self.action_expert.layers[i], self.und_expert.layers[i], v, a, u,
                         mod_v, mod_a, text, rope, mask, self.heads)
-                if self.gradient_checkpointing and torch.is_grad_enabled():
-                    v, a, u = checkpoint(joint_layer, *args, use_reentrant=False)
-                else:
-                    v, a, u = joint_layer(*args)
+                recompute = self.gradient_checkpointing and torch.is_grad_enabled()
+                v, a, u = self._layer_fn(recompute)(*args)
             video_out = self._video_head(v, temb_v, x_video.shape)
             with self._action_io(device):
                 action_out = self.action_expert.decode(a.float(), temb_a)

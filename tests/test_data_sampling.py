@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from data import build_datasets, build_train_stream, build_val_loader
+from data import DataError, build_datasets, build_train_stream, build_val_loader
 from data.episodes import WindowSpec, split_episodes
 from data.synthetic import generate
 from data.transforms import fit_frames, tile_cameras
@@ -53,7 +53,7 @@ def test_short_episodes_are_left_out(root, tmp_path):
     cfg = make_cfg(tmp_path, root, val_fraction=0.0)
     from omegaconf import OmegaConf
     cfg = OmegaConf.merge(cfg, {"common": {"num_video_frames": 5}})  # span 20 > 19: no window fits
-    with pytest.raises(Exception, match="21 frames"):
+    with pytest.raises(DataError, match=r"^no training episode has the 21 frames one window needs$"):
         build_datasets(cfg)
 
 

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+import torch
 from omegaconf import OmegaConf
 
 from data.config import DatasetConfig
@@ -101,6 +102,29 @@ class TrainingConfig:
 
 
 @dataclass
+class SpeedConfig:
+    """Step-time switches, each on or off alone (TRAINING.md, "Speed switches")."""
+    compile: bool = False
+    """torch.compile the joint layer function once and reuse it for every layer (inductor on CPU
+    and GPU, with or without gradient checkpointing); off until measured on your GPU (TRAINING.md)."""
+    fused_adamw: bool = True
+    """AdamW (plain, or MuonAdamW's AdamW group) on torch's fused kernel; false: torch's default."""
+    tf32: bool = True
+    """GPU: TF32 in cuDNN convolutions and, with matmul_precision null, in fp32 matmuls."""
+    matmul_precision: Optional[str] = None
+    """torch.set_float32_matmul_precision: highest, high (TF32) or medium; null: high with tf32,
+    else highest."""
+    cudnn_benchmark: bool = True
+    """GPU: cuDNN times its convolution algorithms on the first call of each shape, then keeps the fastest."""
+    cuda_graphs: bool = False
+    """GPU: CUDA graphs of the compiled layer (torch.compile mode reduce-overhead); needs compile."""
+    bucket_cap_mb: Optional[int] = None
+    """DDP only (no --deepspeed): gradient all-reduce bucket size in MB; null: torch's 25."""
+    static_graph: bool = False
+    """DDP only (no --deepspeed): DDP's static_graph (the same parameters get gradients every step)."""
+
+
+@dataclass
 class SystemConfig:
     checkpoint_dir: str = "./runs"
     """Runs live in {checkpoint_dir}/{config stem}/{run_name}/."""
@@ -122,6 +146,7 @@ class SystemConfig:
     """Pin host memory of batches (GPU runs)."""
     dist_timeout_minutes: int = 60
     """Process-group timeout: long enough for large checkpoint saves."""
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
 
 
 @dataclass
@@ -188,6 +213,7 @@ def choices():
     from optim.build import OPTIMIZERS
     from optim.newton_schulz import ADJUST_LR_FNS, DTYPES, NS_METHODS
     from optim.routing import PRESETS
+    from train.speed import MATMUL_PRECISIONS
     from utils.metrics import PROGRESS, REPORT_TO, WANDB_MODES
     from utils.schedule import SCHEDULES
 
@@ -211,6 +237,7 @@ def choices():
         "logging.wandb_mode": WANDB_MODES,
         "logging.progress": PROGRESS,
         "system.log_level": LOG_LEVELS,
+        "system.speed.matmul_precision": MATMUL_PRECISIONS,
     }
 
 
@@ -228,6 +255,30 @@ POSITIVE_INTS = (
 )
 
 DERIVED = {"common.action_chunk_size": "num_video_frames * video_action_freq_ratio"}
+
+
+def _check_speed(cfg, source):
+    """Switch combinations that cannot work together (TRAINING.md, "Speed switches")."""
+    sp = cfg.system.speed
+    require(source, sp.bucket_cap_mb is None or sp.bucket_cap_mb > 0, "system.speed.bucket_cap_mb",
+            sp.bucket_cap_mb, "null (torch's default) or a positive number of MB")
+    if sp.cuda_graphs and not sp.compile:
+        raise ConfigError(f"{source}: 'system.speed.cuda_graphs' is true but 'system.speed.compile' is false; "
+                          "CUDA graphs are captured inside the compiled layer (mode reduce-overhead): "
+                          "set compile=true or cuda_graphs=false")
+    if sp.cuda_graphs and cfg.model.gradient_checkpointing:
+        raise ConfigError(f"{source}: 'system.speed.cuda_graphs' and 'model.gradient_checkpointing' are both "
+                          "true; a CUDA graph keeps the activations of every captured layer in its own memory "
+                          "pool, which undoes what checkpointing saves: turn one off")
+    if sp.static_graph and cfg.training.gradient_accumulation_steps > 1:
+        raise ConfigError(f"{source}: 'system.speed.static_graph' is true and 'training.gradient_accumulation_steps' "
+                          f"is {cfg.training.gradient_accumulation_steps}; DDP's static graph cannot skip the "
+                          "gradient all-reduce of the accumulation micro-steps (no_sync; torch stops with "
+                          "'expect_autograd_hooks_ INTERNAL ASSERT FAILED'): set static_graph=false")
+    if not sp.tf32 and sp.matmul_precision in ("high", "medium"):
+        raise ConfigError(f"{source}: 'system.speed.matmul_precision' is {sp.matmul_precision} (TF32 or bf16 "
+                          "matmuls) but 'system.speed.tf32' is false; set matmul_precision to highest or null, "
+                          "or tf32=true")
 
 
 def _check_values(cfg, source):
@@ -280,6 +331,7 @@ def _check_values(cfg, source):
     ]
     for ok, key, value, expected in rules:
         require(source, ok, key, value, expected)
+    _check_speed(cfg, source)
     d = cfg.dataset
     dirs = [d.dataset_dir] if isinstance(d.dataset_dir, str) else list(d.dataset_dir)
     require(source, bool(dirs), "dataset.dataset_dir", dirs, "a folder or a non-empty list of folders")
@@ -317,6 +369,14 @@ def check_launch(cfg, world_size, deepspeed):
             f"{t.batch_size} x gradient_accumulation_steps {t.gradient_accumulation_steps} x {world_size} "
             f"processes = {per_step}; change gradient_accumulation_steps to "
             f"{t.global_batch_size / (t.batch_size * world_size):g} or the process count")
+    sp = cfg.system.speed
+    ddp_only = [k for k, on in (("bucket_cap_mb", sp.bucket_cap_mb is not None), ("static_graph", sp.static_graph)) if on]
+    if ddp_only and deepspeed:
+        raise ConfigError(f"system.speed.{ddp_only[0]} applies to DDP only, and this run uses --deepspeed; "
+                          "set it back to its default (bucket_cap_mb null, static_graph false) and size "
+                          "DeepSpeed's buckets with reduce_bucket_size / allgather_bucket_size in the ZeRO JSON")
+    if sp.cuda_graphs and not torch.cuda.is_available():
+        raise ConfigError("system.speed.cuda_graphs=true needs CUDA, and this machine has none; set it to false")
     if cfg.model.precision == "bf16_mixed" and not deepspeed:
         raise ConfigError("model.precision=bf16_mixed needs --deepspeed (its fp32 master weights); "
                           "use fp32_mixed without DeepSpeed")

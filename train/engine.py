@@ -75,9 +75,13 @@ def _single_process_env():
                       MASTER_PORT=str(free_port()))
 
 
-def make_accelerator(ds_config, timeout_minutes):
+def make_accelerator(ds_config, timeout_minutes, speed=None):
+    """`speed`: the `system.speed` section, whose bucket_cap_mb and static_graph configure DDP
+    (accelerate uses them without DeepSpeed only); None: DDP's defaults."""
     from accelerate import Accelerator, DeepSpeedPlugin
     from accelerate.utils import InitProcessGroupKwargs
+
+    from train.speed import ddp_kwargs
 
     _single_process_env()
 
@@ -87,7 +91,8 @@ def make_accelerator(ds_config, timeout_minutes):
     return Accelerator(
         cpu=not ds_config and not torch.cuda.is_available(),
         deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config) if ds_config else None,
-        kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=timedelta(minutes=timeout_minutes))],
+        kwargs_handlers=[InitProcessGroupKwargs(backend=backend, timeout=timedelta(minutes=timeout_minutes)),
+                         *([] if speed is None else [ddp_kwargs(speed)])],
     )
 
 

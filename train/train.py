@@ -20,6 +20,7 @@ from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa
 from train.guard import NonFiniteGuard, check_weights_before_save, health, run_guarded  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
+from train import speed  # noqa: E402
 from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
 from utils import dist  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
@@ -71,7 +72,8 @@ def build_everything(cfg, world_size):
     model, encoders = build_world_model(cfg)
     if cfg.finetune.checkpoint_path:
         load_finetune_weights(model, cfg.finetune.checkpoint_path, list(cfg.finetune.allow_shape_mismatch))
-    optimizer = build_optimizer(model.named_parameters(), cfg.training, world_size)
+    speed.apply(model, cfg.system.speed)
+    optimizer = build_optimizer(model.named_parameters(), cfg.training, world_size, cfg.system.speed.fused_adamw)
     return datasets, model, encoders, optimizer
 
 
@@ -108,7 +110,7 @@ def main(argv=None):
         logging.getLogger().setLevel(logging.WARNING)
     quiet_library_bars(cfg.logging.progress)
 
-    accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes)
+    accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes, cfg.system.speed)
     world_size = dist.world_size()
     try:
         dist.fail_together(check_wandb_login, cfg.logging)  # before anything is built

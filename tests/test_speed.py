@@ -1,0 +1,123 @@
+"""The `system.speed` switches: regional compilation gives the eager numbers and one graph for
+every layer, impossible combinations are refused at load or launch, the backend flags and DDP's
+options reach torch."""
+import os
+import re
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from train import speed  # noqa: E402
+from train.config import check_launch, load_config  # noqa: E402
+from utils.config import ConfigError  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny_inputs(encoders, batch_size=2):
+    gen = torch.Generator().manual_seed(0)
+    batch = {"video": torch.rand(batch_size, 5, 3, 64, 64, generator=gen) * 2 - 1,
+             "state": torch.randn(batch_size, 8, generator=gen), "actions": torch.randn(batch_size, 8, 4, generator=gen),
+             "instruction": ["push the red cube left", "open the drawer"][:batch_size]}
+    inputs = encoders.encode(batch)
+    inputs["noise_seeds"] = torch.tensor([11, 12][:batch_size])
+    return inputs
+
+
+def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer():
+    """The tiny model, fp32, with gradient checkpointing: the losses (forward) and every gradient
+    (backward, with the recompute) of the inductor-compiled layer against eager, within float
+    round-off; both layers run one compiled graph."""
+    from torch._dynamo.utils import counters
+
+    from models import build_world_model
+
+    cfg = load_config("configs/tiny.yaml", ["model.gradient_checkpointing=true"])
+    torch.manual_seed(0)
+    model, encoders = build_world_model(cfg)
+    with torch.no_grad():  # a trained-like decoder, so the action path shows in the outputs
+        model.action_expert.proj_out.weight.normal_(0, 0.1)
+    inputs = tiny_inputs(encoders)
+
+    def losses_and_grads():
+        model.zero_grad(set_to_none=True)
+        out = model(inputs)
+        out["loss"].backward()
+        return ({k: out[k].detach() for k in ("loss", "video_loss", "action_loss")},
+                {n: p.grad.clone() for n, p in model.named_parameters()})
+
+    eager_losses, eager_grads = losses_and_grads()
+    torch._dynamo.reset()
+    counters.clear()
+    model.compile_blocks()
+    compiled_losses, compiled_grads = losses_and_grads()
+    graphs = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert graphs == 1, f"{graphs} graphs for {len(model.video.blocks)} layers: the layers do not share one"
+    for k, want in eager_losses.items():
+        assert torch.allclose(compiled_losses[k], want, rtol=1e-5, atol=1e-6), (k, compiled_losses[k], want)
+    block_grad = eager_grads["video.blocks.1.attn1.to_q.weight"]
+    assert block_grad.abs().max() > 0  # the compiled layer's weights really get gradients
+    for name, want in eager_grads.items():
+        scale = want.abs().max().clamp_min(1e-12)
+        assert (compiled_grads[name] - want).abs().max() / scale < 1e-4, name
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["system.speed.compile=false", "system.speed.cuda_graphs=true"],
+     "'system.speed.cuda_graphs' is true but 'system.speed.compile' is false"),
+    (["system.speed.compile=true", "system.speed.cuda_graphs=true", "model.gradient_checkpointing=true"],
+     "'system.speed.cuda_graphs' and 'model.gradient_checkpointing' are both true"),
+    (["system.speed.tf32=false", "system.speed.matmul_precision=high"],
+     "'system.speed.matmul_precision' is high (TF32 or bf16 matmuls) but 'system.speed.tf32' is false"),
+    (["system.speed.static_graph=true", "training.gradient_accumulation_steps=2"],
+     "'system.speed.static_graph' is true and 'training.gradient_accumulation_steps' is 2"),
+    (["system.speed.matmul_precision=fast"], "'system.speed.matmul_precision'"),
+    (["system.speed.bucket_cap_mb=0"], "'system.speed.bucket_cap_mb' is 0; expected null (torch's default)"),
+])
+def test_impossible_switch_combinations_are_refused_at_load(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("configs/tiny.yaml", overrides)
+
+
+@pytest.mark.parametrize("override", ["system.speed.static_graph=true", "system.speed.bucket_cap_mb=512"])
+def test_ddp_switches_are_refused_under_deepspeed(override):
+    cfg = load_config("configs/tiny.yaml", [override])
+    check_launch(cfg, 2, deepspeed=False)  # DDP: fine
+    with pytest.raises(ConfigError, match="applies to DDP only, and this run uses --deepspeed"):
+        check_launch(cfg, 2, deepspeed=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_graphs_refused_without_cuda():
+    cfg = load_config("configs/tiny.yaml", ["system.speed.compile=true", "system.speed.cuda_graphs=true"])
+    with pytest.raises(ConfigError, match="cuda_graphs=true needs CUDA"):
+        check_launch(cfg, 1, deepspeed=True)
+
+
+def test_backend_flags_follow_the_switches():
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    try:
+        on = speed.set_backend_flags(load_config("configs/tiny.yaml", [
+            "system.speed.tf32=true", "system.speed.matmul_precision=null", "system.speed.cudnn_benchmark=true"]).system.speed)
+        assert on == {"matmul_precision": "high", "cuda.matmul.allow_tf32": True, "cudnn.allow_tf32": True,
+                      "cudnn.benchmark": True}
+        off = speed.set_backend_flags(load_config("configs/tiny.yaml", [
+            "system.speed.tf32=false", "system.speed.cudnn_benchmark=false"]).system.speed)
+        assert off == {"matmul_precision": "highest", "cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False,
+                       "cudnn.benchmark": False}
+        medium = speed.set_backend_flags(load_config("configs/tiny.yaml", [
+            "system.speed.tf32=true", "system.speed.matmul_precision=medium"]).system.speed)
+        assert medium["matmul_precision"] == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = before[1], before[2]
+
+
+def test_ddp_kwargs_reach_accelerate():
+    cfg = load_config("configs/tiny.yaml", ["system.speed.bucket_cap_mb=1000", "system.speed.static_graph=true"])
+    assert speed.ddp_kwargs(cfg.system.speed).to_kwargs() == {"bucket_cap_mb": 1000, "static_graph": True}
+    default = speed.ddp_kwargs(load_config("configs/tiny.yaml", ["system.speed.static_graph=false"]).system.speed)
+    assert default.to_kwargs() == {}  # torch's own defaults (25 MB buckets, no static graph)

@@ -1,0 +1,59 @@
+"""Apply the `system.speed` switches: the backend flags once at start, regional compilation of
+the model, and DDP's options. TRAINING.md ("Speed switches") says what each one does and costs.
+
+`fused_adamw` goes to `optim.build_optimizer` (train/train.py's build_everything).
+"""
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
+def matmul_precision(speed):
+    """The float32 matmul precision the switches ask for (null follows tf32)."""
+    if speed.matmul_precision is not None:
+        return speed.matmul_precision
+    return "high" if speed.tf32 else "highest"
+
+
+def set_backend_flags(speed):
+    """Set the process-wide matmul/cuDNN flags once, before the model runs; return what was set.
+    They only change what runs on a GPU; on the CPU they are set but have no effect."""
+    torch.set_float32_matmul_precision(matmul_precision(speed))
+    torch.backends.cudnn.allow_tf32 = bool(speed.tf32)
+    torch.backends.cudnn.benchmark = bool(speed.cudnn_benchmark)
+    return {"matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+            "cudnn.benchmark": torch.backends.cudnn.benchmark}
+
+
+def compile_mode(speed):
+    """torch.compile's mode for the layer: reduce-overhead captures it in CUDA graphs."""
+    return "reduce-overhead" if speed.cuda_graphs else None
+
+
+def apply(model, speed):
+    """Backend flags and regional compilation of `model` (a WorldModel), logged once. Call it
+    before the engine wraps the model, on every rank."""
+    flags = set_backend_flags(speed)
+    if speed.compile:
+        model.compile_blocks(compile_mode(speed))
+    log.info("speed switches: compile %s (mode %s), fused_adamw %s, cuda_graphs %s; backend flags %s",
+             speed.compile, compile_mode(speed) or "default", speed.fused_adamw, speed.cuda_graphs,
+             ", ".join(f"{k}={v}" for k, v in flags.items()))
+    return model
+
+
+def ddp_kwargs(speed):
+    """accelerate's DistributedDataParallelKwargs from bucket_cap_mb and static_graph (used
+    without DeepSpeed only; check_launch refuses them with --deepspeed)."""
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    kwargs = {"static_graph": bool(speed.static_graph)}
+    if speed.bucket_cap_mb is not None:
+        kwargs["bucket_cap_mb"] = int(speed.bucket_cap_mb)
+    return DistributedDataParallelKwargs(**kwargs)
