@@ -66,5 +66,10 @@ def test_constant_and_state_round_trip():
 
 
 def test_linear_rejects_warmup_past_cycle():
-    with pytest.raises(ValueError, match="cycle_length"):
-        make(scheduler_type="linear", warmup_steps=50, cycle_length=20)
+    """The rule lives in the config checks (train/config.py), which run before anything is built."""
+    from train.config import load_config
+    from utils.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'training.warmup_steps' is 50; expected smaller than "
+                                          r"training.cycle_length \(20\)"):
+        load_config("configs/tiny.yaml", ["training.warmup_steps=50", "training.cycle_length=20"])
