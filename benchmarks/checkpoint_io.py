@@ -36,7 +36,7 @@ GB = 1e9
 
 def trainable(size):
     from models.summary import count_components
-    counts = count_components(load_config("configs/tiny.yaml", [f"model.size={size}"]))
+    counts, _, _ = count_components(load_config("configs/tiny.yaml", [f"model.size={size}"]))
     return counts["video"] + counts["action_expert"] + counts["und_expert"]
 
 
