@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import torch
 
-from utils.dist import free_port
+from utils import dist
 from checkpoint.zero import optimizer_state_by_name, reshard_if_needed, save_layout, save_plain_layout
 from train.ema import build_ema
 
@@ -72,7 +72,7 @@ def _single_process_env():
     if "WORLD_SIZE" in os.environ:
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port()))
+                      MASTER_PORT=str(dist.free_port()))
 
 
 def make_accelerator(ds_config, timeout_minutes, speed=None):
@@ -196,10 +196,7 @@ class Engine:
         # The norm is global (DDP's gradients are all-reduced); the ranks still agree on a flag, so that
         # no rank can step alone. One small flag read per step, unavoidable: whether optimizer.step()
         # runs is host control flow.
-        bad = (~torch.isfinite(norm)).float().reshape(1)
-        if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-        skipped = bool(bad.item())
+        skipped = dist.any_rank(~torch.isfinite(norm))
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -209,10 +206,7 @@ class Engine:
     def weights_finite(self):
         """Collective: True on every rank when every rank's parameters are all finite (read at a save)."""
         flags = [torch.isfinite(p).all() for p in self.unwrapped_model().parameters()]
-        bad = (~torch.stack(flags).all()).float().reshape(1) if flags else torch.zeros(1, device=self.device)
-        if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-        return not bool(bad.item())
+        return not dist.any_rank(~torch.stack(flags).all() if flags else False)
 
     def train(self):
         self.model.train()
@@ -232,8 +226,7 @@ class Engine:
                 # A write failed on this rank (a full disk): its writes come after save_checkpoint's
                 # last collective but one, the closing barrier, which the other ranks are waiting in.
                 # Meet them there, so that the caller's agreement on the failure is the next collective.
-                if torch.distributed.is_initialized():
-                    torch.distributed.barrier()
+                dist.barrier()
                 raise
             save_layout(self.ds, engine_dir)
         elif self.accelerator.is_main_process:

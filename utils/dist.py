@@ -55,10 +55,14 @@ def barrier():
 
 def any_rank(flag, device=None):
     """True on every rank if `flag` is true on any rank (one tiny all-reduce; reads the result back
-    to the host, so call it at start-up or at logging steps, not inside a step)."""
+    to the host, so call it at start-up or at logging steps, not inside a step). `flag` may be a
+    bool or a one-element tensor (e.g. a finiteness check on the GPU): a tensor is reduced as it is,
+    so the one host read is of the agreed result."""
     if not dist.is_initialized():
         return bool(flag)
-    t = torch.tensor([1.0 if flag else 0.0], device=device or collective_device())
+    device = device or collective_device()
+    t = (flag.detach().reshape(1).to(device, torch.float32) if torch.is_tensor(flag)
+         else torch.tensor([1.0 if flag else 0.0], device=device))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item() > 0)
 
