@@ -36,12 +36,14 @@ def compile_mode(speed):
     return "reduce-overhead" if speed.cuda_graphs else None
 
 
-def apply(model, speed):
-    """Backend flags and regional compilation of `model` (a WorldModel), logged once. Call it
-    before the engine wraps the model, on every rank."""
+def apply(model, encoders, speed):
+    """Backend flags and regional compilation of `model` (a WorldModel) and of the frozen VAE's
+    encoder (`encoders`, FrozenEncoders), logged once. Call it before the engine wraps the model,
+    on every rank."""
     flags = set_backend_flags(speed)
     if speed.compile:
         model.compile_blocks(compile_mode(speed))
+        encoders.compile_video_encoder()  # CUDA graphs stay in the layer: the VAE mutates its cache
     log.info("speed switches: compile %s (mode %s), fused_adamw %s, cuda_graphs %s; backend flags %s",
              speed.compile, compile_mode(speed) or "default", speed.fused_adamw, speed.cuda_graphs,
              ", ".join(f"{k}={v}" for k, v in flags.items()))

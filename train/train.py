@@ -72,7 +72,7 @@ def build_everything(cfg, world_size):
     model, encoders = build_world_model(cfg)
     if cfg.finetune.checkpoint_path:
         load_finetune_weights(model, cfg.finetune.checkpoint_path, list(cfg.finetune.allow_shape_mismatch))
-    speed.apply(model, cfg.system.speed)
+    speed.apply(model, encoders, cfg.system.speed)
     optimizer = build_optimizer(model.named_parameters(), cfg.training, world_size, cfg.system.speed.fused_adamw)
     return datasets, model, encoders, optimizer
 
