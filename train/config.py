@@ -106,7 +106,8 @@ class SpeedConfig:
     """Step-time switches, each on or off alone (TRAINING.md, "Speed switches")."""
     compile: bool = False
     """torch.compile the joint layer function once and reuse it for every layer (inductor on CPU
-    and GPU, with or without gradient checkpointing); off until measured on your GPU (TRAINING.md)."""
+    and GPU, with or without gradient checkpointing), and the frozen VAE's encoder; off until
+    measured on your GPU (TRAINING.md)."""
     fused_adamw: bool = True
     """AdamW (plain, or MuonAdamW's AdamW group) on torch's fused kernel; false: torch's default."""
     tf32: bool = True
