@@ -34,12 +34,13 @@ LARGE = ["model.wan.text_encoder_path=null", "model.wan.vae_path=null", "model.v
 def build_policy(size, device):
     """A Policy over a randomly initialised model of `size` (tiny: the recipe's own frozen parts)."""
     from models import build_world_model
+    from models.build import ALL_FROZEN_PARTS
 
     overrides = [f"model.size={size}"] + (LARGE if size != "tiny" else [])
     cfg = load_config("configs/tiny.yaml", overrides + ["serving.image_shape=null"])
     torch.manual_seed(0)
     with torch.device(device if size != "tiny" else "cpu"):  # large random inits are far quicker on the GPU
-        model, encoders = build_world_model(cfg)
+        model, encoders = build_world_model(cfg, frozen_parts=ALL_FROZEN_PARTS)
     a, s = cfg.common.action_dim, cfg.common.state_dim
     stats = NormStats({"action": {"mean": [0.0] * a, "std": [1.0] * a},
                        "observation.state": {"mean": [0.0] * s, "std": [1.0] * s}})

@@ -144,6 +144,7 @@ def measure_parts(args):
     import torch
 
     from models import build_world_model
+    from models.build import ALL_FROZEN_PARTS
     from optim import build_optimizer
     from train.config import load_config
 
@@ -152,7 +153,7 @@ def measure_parts(args):
     models, encoders, optimizers = [], [], []
     for on in (False, True):  # the "on" twin: compiled (layer and VAE encoder), fused AdamW
         torch.manual_seed(0)
-        model, frozen = build_world_model(cfg)
+        model, frozen = build_world_model(cfg, frozen_parts=ALL_FROZEN_PARTS)  # a raw batch
         models.append(model.compile_blocks() if on else model)
         encoders.append(frozen.compile_video_encoder() if on else frozen)
         optimizers.append(build_optimizer(model.named_parameters(), cfg.training, 1, fused_adamw=on))

@@ -151,6 +151,16 @@ def build_cache(cfg, out, encoders, batch_size=8, rows_per_shard=512):
     return meta
 
 
+def cache_encoders(cfg, device):
+    """Every frozen part, whatever `dataset.cache_dir` says: the windows are raw (and cache_dir may
+    name the very cache being built, which would otherwise leave umT5 and Qwen3-VL out)."""
+    from models import build_world_model
+    from models.build import ALL_FROZEN_PARTS
+
+    _, encoders = build_world_model(cfg, frozen_parts=ALL_FROZEN_PARTS)
+    return encoders.to(device)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -160,12 +170,9 @@ def main():
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from models import build_world_model
     from train.config import load_config
     cfg = load_config(args.config, args.overrides)
-    _, encoders = build_world_model(cfg)
-    encoders.to(args.device)
-    meta = build_cache(cfg, args.out, encoders, args.batch_size)
+    meta = build_cache(cfg, args.out, cache_encoders(cfg, args.device), args.batch_size)
     print(f"wrote {meta['num_windows']} windows to {args.out} in {meta['seconds']}s "
           f"({len(meta['skipped'])} bad windows skipped); set dataset.cache_dir: {args.out}")
 

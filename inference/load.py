@@ -137,7 +137,7 @@ def build_model(spec, weights, folder):
 def load_checkpoint(path, config=None, overrides=(), device="cpu", weights=None):
     """Everything inference needs from `path` (see the module docstring) -> Loaded. `weights`: "ema",
     "raw" or None (the EMA weights when the checkpoint has them, else the raw ones; logged)."""
-    from models.build import build_encoders
+    from models.build import ALL_FROZEN_PARTS, build_encoders
     from models.sizes import get_size
 
     folder = resolve_checkpoint(path)
@@ -149,6 +149,7 @@ def load_checkpoint(path, config=None, overrides=(), device="cpu", weights=None)
         raise CheckpointError(str(e)) from None
     device = torch.device(device)
     model = build_model(spec, state, folder).to(device).eval()
-    encoders = build_encoders(cfg, get_size(cfg.model.size)).to(device)
+    # raw robot observations: every frozen part, even when the recipe trained from a latent cache
+    encoders = build_encoders(cfg, get_size(cfg.model.size), ALL_FROZEN_PARTS).to(device)
     log.info("loaded %s (%s, config %s) on %s; %s", folder, cfg.model.size, config_hash(cfg), device, note)
     return Loaded(model, encoders, stats, cfg, folder, device, which)

@@ -2,6 +2,13 @@
 
 Paths in the config load local folders or Wan2.2's own files (models/loading.py); a null path
 builds the part with random init from the size table, and says so in the log.
+
+Only the frozen parts the run calls are built (`frozen_parts_for_training`): a latent cache
+(`dataset.cache_dir`, data/cache.py) provides video latents, text embeddings and VLM features, so
+training from one loads neither umT5 nor Qwen3-VL into host memory (14.5 GiB per process at full
+size: `host_ram_gib_per_process` of models/summary.py). The VAE is always built: validation pictures
+decode latents with it. Commands that encode raw data (building the cache, inference) ask for
+`ALL_FROZEN_PARTS`.
 """
 import logging
 
@@ -18,6 +25,60 @@ from models.sizes import get_size
 from models.world_model import WorldModel
 
 log = logging.getLogger(__name__)
+
+# Which frozen part produces which model input; a latent cache holds all three (data/cache.py).
+FROZEN_OUTPUTS = {"vae": "video_latents", "text_encoder": "text_embeds", "vlm": "vlm_features"}
+ALL_FROZEN_PARTS = tuple(FROZEN_OUTPUTS)
+PART_NAMES = {"vae": "the VAE", "text_encoder": "the umT5 text encoder", "vlm": "Qwen3-VL"}
+OUTPUT_NAMES = {"video_latents": "video latents", "text_embeds": "text embeddings", "vlm_features": "VLM features"}
+CACHED_INPUTS = frozenset(FROZEN_OUTPUTS.values())
+
+
+def provided_inputs(cfg):
+    """Inputs the data gives ready-made: a latent cache holds video latents, text embeddings and VLM
+    features (data/cache.py); raw data provides none."""
+    return set(CACHED_INPUTS) if cfg.dataset.cache_dir else set()
+
+
+def frozen_parts_needed(provided):
+    """The frozen parts a training run calls when the data provides the inputs `provided`: those whose
+    outputs it lacks, and the VAE always (it decodes validation pictures)."""
+    return tuple(k for k, out in FROZEN_OUTPUTS.items() if k == "vae" or out not in provided)
+
+
+def frozen_parts_for_training(cfg):
+    return frozen_parts_needed(provided_inputs(cfg))
+
+
+def skipped_parts(cfg, frozen_parts):
+    """{part: why it is not built} for the frozen parts outside `frozen_parts`."""
+    provided = provided_inputs(cfg)
+    return {part: (f"dataset.cache_dir provides {OUTPUT_NAMES[out]}" if out in provided
+                   else "the caller did not ask for it")
+            for part, out in FROZEN_OUTPUTS.items() if part not in frozen_parts}
+
+
+def _check_frozen_parts(frozen_parts):
+    if set(frozen_parts) - set(FROZEN_OUTPUTS) or "vae" not in frozen_parts:
+        raise ValueError(f"frozen_parts is {tuple(frozen_parts)}; expected a subset of {ALL_FROZEN_PARTS} that "
+                         "holds 'vae' (the model's latent geometry and picture decoding need it)")
+
+
+def _and(words):
+    return " and ".join(words)
+
+
+def _log_skipped(cfg, skipped):
+    """One line: what was not loaded and why (with a cache: which of its inputs replace them)."""
+    if not skipped:
+        return
+    cached = [p for p in skipped if FROZEN_OUTPUTS[p] in provided_inputs(cfg)]
+    if cached == list(skipped):
+        log.info("dataset.cache_dir provides %s: %s %s not loaded",
+                 _and(OUTPUT_NAMES[FROZEN_OUTPUTS[p]] for p in cached), _and(PART_NAMES[p] for p in cached),
+                 "is" if len(cached) == 1 else "are")
+    else:
+        log.info("not loaded: %s", "; ".join(f"{PART_NAMES[p]} ({why})" for p, why in skipped.items()))
 
 
 def vae_compression(vae_config):
@@ -87,38 +148,53 @@ def build_video_expert(cfg, size):
     return video, dict(video.config)
 
 
-def build_encoders(cfg, size):
+def build_encoders(cfg, size, frozen_parts=None):
+    """FrozenEncoders on the CPU holding `frozen_parts` (None: `frozen_parts_for_training(cfg)`); the
+    others are None, and their encode calls say why."""
+    frozen_parts = frozen_parts_for_training(cfg) if frozen_parts is None else tuple(frozen_parts)
+    _check_frozen_parts(frozen_parts)
+    skipped = skipped_parts(cfg, frozen_parts)
+    _log_skipped(cfg, skipped)
+    # frozen parts are loaded straight in their compute dtype: umT5-XXL alone is 23 GB in fp32
+    dtype = torch.float32 if cfg.model.precision == "fp32" else torch.bfloat16
+    # a random-init part seeds its own init: the caller's RNG (the WorldModel's init after this) is
+    # the same whichever parts are built
+    with torch.random.fork_rng(devices=[]):
+        vae = _build_vae(cfg, size, dtype)
+        text = _build_text(cfg, size, dtype) if "text_encoder" in frozen_parts else (None, None)
+        vlm = _build_vlm(cfg, size, dtype) if "vlm" in frozen_parts else (None, None, None)
+    return FrozenEncoders(vae, *text, size.text_len, *vlm, dtype, skipped=skipped).to("cpu")
+
+
+def _build_vae(cfg, size, dtype):
+    if cfg.model.wan.vae_path is None:
+        _random("the VAE", "model.wan.vae_path")
+        return tiny_assets.build_vae(size)
+    return load_wan_vae(cfg.model.wan.vae_path, size, "model.wan.vae_path", dtype)
+
+
+def _build_text(cfg, size, dtype):
+    """(umT5 encoder, its tokenizer)."""
+    path = cfg.model.wan.text_encoder_path
+    if path is None:
+        _random("the umT5 text encoder (and a locally trained tokenizer)", "model.wan.text_encoder_path")
+        return tiny_assets.build_text_encoder(size), tiny_assets.build_tokenizer()
+    return load_text_encoder(path, size, "model.wan.text_encoder_path", dtype)
+
+
+def _build_vlm(cfg, size, dtype):
+    """(Qwen3-VL, its tokenizer, its image processor)."""
     from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
 
-    # frozen parts are loaded straight in their compute dtype: umT5-XXL alone is 23 GB in fp32
-    wan, dtype = cfg.model.wan, torch.float32 if cfg.model.precision == "fp32" else torch.bfloat16
-    if wan.vae_path is None:
-        _random("the VAE", "model.wan.vae_path")
-        vae = tiny_assets.build_vae(size)
-    else:
-        vae = load_wan_vae(wan.vae_path, size, "model.wan.vae_path", dtype)
-    tokenizer = None
-    if wan.text_encoder_path is None or cfg.model.vlm.checkpoint_path is None:
-        tokenizer = tiny_assets.build_tokenizer()
-    if wan.text_encoder_path is None:
-        _random("the umT5 text encoder (and a locally trained tokenizer)", "model.wan.text_encoder_path")
-        text_encoder, text_tokenizer = tiny_assets.build_text_encoder(size), tokenizer
-    else:
-        text_encoder, text_tokenizer = load_text_encoder(wan.text_encoder_path, size, "model.wan.text_encoder_path",
-                                                         dtype)
     path = cfg.model.vlm.checkpoint_path
     if path is None:
         _random("the Qwen3-VL model (and a local tokenizer/image processor)", "model.vlm.checkpoint_path")
-        vlm, vlm_tokenizer, image_processor = (tiny_assets.build_vlm(tokenizer, size), tokenizer,
-                                               tiny_assets.build_image_processor(size))
-    else:
-        vlm = load_part(Qwen3VLForConditionalGeneration, path, "model.vlm.checkpoint_path", "vlm", dtype=dtype)
-        vlm_tokenizer = load_tokenizer_or_processor(AutoTokenizer.from_pretrained, path,
-                                                    "model.vlm.checkpoint_path", [])
-        image_processor = load_tokenizer_or_processor(AutoImageProcessor.from_pretrained, path,
-                                                      "model.vlm.checkpoint_path", [])
-    return FrozenEncoders(vae, text_encoder, text_tokenizer, size.text_len, vlm, vlm_tokenizer,
-                          image_processor, dtype).to("cpu")
+        tokenizer = tiny_assets.build_tokenizer()
+        return tiny_assets.build_vlm(tokenizer, size), tokenizer, tiny_assets.build_image_processor(size)
+    vlm = load_part(Qwen3VLForConditionalGeneration, path, "model.vlm.checkpoint_path", "vlm", dtype=dtype)
+    tokenizer = load_tokenizer_or_processor(AutoTokenizer.from_pretrained, path, "model.vlm.checkpoint_path", [])
+    processor = load_tokenizer_or_processor(AutoImageProcessor.from_pretrained, path, "model.vlm.checkpoint_path", [])
+    return vlm, tokenizer, processor
 
 
 def part_configs(cfg, size):
@@ -150,8 +226,11 @@ def _check_fit(cfg, wan_config, z_dim, text_dim, vlm_dim):
                              f"VLM's hidden size is {vlm_dim}; set it to {vlm_dim}")
 
 
-def build_world_model(cfg):
-    """-> (WorldModel on CPU, every parameter trainable; FrozenEncoders on CPU)."""
+def build_world_model(cfg, frozen_parts=None):
+    """-> (WorldModel on CPU, every parameter trainable; FrozenEncoders on CPU). `frozen_parts`: the
+    names (of ALL_FROZEN_PARTS) to build; None builds what training with `cfg` calls
+    (`frozen_parts_for_training`); a command that encodes raw data passes ALL_FROZEN_PARTS. The config
+    files of every part are checked either way."""
     size = get_size(cfg.model.size)
     tiny_assets.ensure_tiny_assets(cfg)
     # geometry and widths are checked on the config files, before gigabytes of weights are read
@@ -159,7 +238,7 @@ def build_world_model(cfg):
     check_geometry(cfg, vae_config, wan_config)
     _check_fit(cfg, wan_config, vae_config["z_dim"], text_dim, vlm_dim)
     video, wan_config = build_video_expert(cfg, size)
-    encoders = build_encoders(cfg, size)
+    encoders = build_encoders(cfg, size, frozen_parts)
     spec = model_spec(cfg, size, wan_config, encoders.vae.config)
     model = WorldModel(spec, video=video).apply_precision()
     n_train = sum(p.numel() for p in model.parameters())

@@ -7,6 +7,10 @@ time `encode` needs it and stays there; a part whose outputs the data already pr
 latent cache with video latents, text embeddings and VLM features) never moves and costs no
 GPU memory. Decoding validation pictures borrows the VAE for the call when it is not resident
 (moved to the device, used, moved back to the CPU), so the pictures cost no memory in between.
+
+A part the run never calls is not built at all (models/build.py, `frozen_parts`): training from a
+latent cache holds only the VAE. Its slot is None, and an encode that would need it raises
+MissingFrozenPart saying why it was not loaded.
 """
 import contextlib
 import logging
@@ -18,15 +22,26 @@ log = logging.getLogger(__name__)
 
 TEXT_CACHE_SIZE = 1024  # instructions are few per dataset; each entry is [text_len, text_dim]
 CPU = torch.device("cpu")
+PART_NAMES = ("vae", "text_encoder", "vlm")
+# what the batch lacks when a part is asked for, and the part, in the words of MissingFrozenPart
+NEEDED_FOR = {"text_encoder": ("text_embeds", "the umT5 text encoder"), "vlm": ("vlm_features", "Qwen3-VL")}
+
+
+class MissingFrozenPart(RuntimeError):
+    """An encode needs a frozen part that was not built; the message names the batch key and why."""
 
 
 class FrozenEncoders:
-    """Holds vae, text_encoder + tokenizer, vlm + vlm_tokenizer + image_processor (see build.py)."""
+    """Holds vae, text_encoder + tokenizer, vlm + vlm_tokenizer + image_processor (see build.py).
+    text_encoder and vlm (with their tokenizers / processor) may be None: `skipped` maps each missing
+    part's name to why it was not built."""
 
-    def __init__(self, vae, text_encoder, tokenizer, text_len, vlm, vlm_tokenizer, image_processor, dtype):
+    def __init__(self, vae, text_encoder, tokenizer, text_len, vlm, vlm_tokenizer, image_processor, dtype,
+                 skipped=None):
         self.vae, self.text_encoder, self.vlm = vae, text_encoder, vlm
         self.tokenizer, self.vlm_tokenizer, self.image_processor = tokenizer, vlm_tokenizer, image_processor
         self.text_len, self.dtype = text_len, dtype
+        self.skipped = dict(skipped or {})
         self.device = CPU
         self._text_cache = OrderedDict()
         for module in self.modules():
@@ -35,8 +50,24 @@ class FrozenEncoders:
         self._latents_mean = torch.tensor(vcfg.latents_mean).view(1, -1, 1, 1, 1)
         self._latents_std = torch.tensor(vcfg.latents_std).view(1, -1, 1, 1, 1)
 
+    def parts(self):
+        """{name: module} of the parts that were built."""
+        return {n: m for n, m in zip(PART_NAMES, (self.vae, self.text_encoder, self.vlm)) if m is not None}
+
     def modules(self):
-        return [self.vae, self.text_encoder, self.vlm]
+        return list(self.parts().values())
+
+    def _require(self, name):
+        module = getattr(self, name)
+        if module is None:
+            key, what = NEEDED_FOR[name]
+            why = self.skipped.get(name, "it was not built")
+            raise MissingFrozenPart(
+                f"the batch has no {key} but {what} was not loaded because {why}; a batch from the latent "
+                f"cache (dataset.cache_dir) carries {key}, so a raw batch here means the data did not come from "
+                "that cache: point dataset.cache_dir at a complete cache or build every frozen part "
+                "(build_world_model(cfg, frozen_parts=ALL_FROZEN_PARTS))")
+        return module
 
     def compile_video_encoder(self):
         """torch.compile of the VAE's encoder in place (`system.speed.compile`): the Wan VAE runs it
@@ -59,8 +90,7 @@ class FrozenEncoders:
 
     def resident(self):
         """Names of the parts held on the (non-CPU) device."""
-        names = ("vae", "text_encoder", "vlm")
-        return [n for n, m in zip(names, self.modules()) if self.device.type != "cpu" and self._home(m) == self.device]
+        return [n for n, m in self.parts().items() if self.device.type != "cpu" and self._home(m) == self.device]
 
     @staticmethod
     def _home(module):
@@ -114,10 +144,11 @@ class FrozenEncoders:
         """-> text_embeds [B, text_len, text_dim] (zero past the prompt), text_mask bool [B, text_len]."""
         missing = [t for t in dict.fromkeys(instructions) if t not in self._text_cache]
         if missing:
+            text_encoder = self._require("text_encoder")
             tok = self.tokenizer(missing, padding="max_length", max_length=self.text_len, truncation=True,
                                  return_tensors="pt")
             ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
-            hidden = self._need(self.text_encoder)(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            hidden = self._need(text_encoder)(input_ids=ids, attention_mask=mask).last_hidden_state.float()
             hidden = hidden * mask[..., None]
             for i, text in enumerate(missing):
                 self._text_cache[text] = (hidden[i], mask[i].bool())
@@ -135,6 +166,7 @@ class FrozenEncoders:
     @torch.no_grad()
     def encode_vlm(self, frames, instructions):
         """frames [B, 3, H, W] in [-1, 1] -> last hidden states [B, L, vlm_dim] and mask bool [B, L]."""
+        vlm = self._require("vlm")
         images = list(((frames.float().cpu() + 1) / 2).clamp(0, 1))  # one copy to the host for the batch
         pix = self.image_processor(images=images, do_rescale=False, return_tensors="pt")
         merge = self.image_processor.merge_size ** 2
@@ -145,9 +177,9 @@ class FrozenEncoders:
         length = max(len(r) for r in rows)
         ids = torch.tensor([r + [pad_id] * (length - len(r)) for r in rows])
         mask = torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows])
-        image_id = self.vlm.config.image_token_id
+        image_id = vlm.config.image_token_id
         mm_token_type_ids = (ids == image_id).long()  # 1 marks image tokens for the multimodal rope
-        out = self._need(self.vlm).model(
+        out = self._need(vlm).model(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
             pixel_values=pix["pixel_values"].to(self.device, self.dtype),
             image_grid_thw=pix["image_grid_thw"].to(self.device),
@@ -159,6 +191,9 @@ class FrozenEncoders:
         """Raw batch -> model inputs; cached keys (video_latents, text_embeds, vlm_features) pass through
         where they are (the caller has moved the batch to the device), and so do the other keys."""
         inputs = dict(batch)
+        for name, (key, _) in NEEDED_FOR.items():  # before any part computes
+            if key not in inputs:
+                self._require(name)
         if "video_latents" not in inputs:
             inputs["video_latents"] = self.encode_video(inputs.pop("video"))
         if "text_embeds" not in inputs:

@@ -13,6 +13,11 @@ the full-size model is summarised in about a minute on a CPU. Per GPU and ZeRO s
 
 `--measure` also runs one real forward on the CPU and prints the traced and measured bytes side by side
 (the calibration of the activation term; slow for the motus size).
+
+`host_ram_gib_per_process`: the host memory the frozen parts take in every training process
+(parameters x 2 bytes, 4 with model.precision fp32), for the parts this run builds and for a run
+without and with a latent cache (which builds the VAE only: models/build.py). Multiply by the GPUs
+per node to size the node's RAM.
 """
 import argparse
 import json
@@ -23,7 +28,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from models import activations
-from models.build import size_table_model
+from models.build import (CACHED_INPUTS, FROZEN_OUTPUTS, frozen_parts_for_training, frozen_parts_needed,
+                          provided_inputs, size_table_model)
 from models.serialization import count_parameters
 from models.sizes import get_size
 
@@ -44,8 +50,6 @@ RESERVED_GIB, FRAGMENTATION = 2.0, 0.9
 # The backward's working set beyond the kept tensors, in saved bytes of one layer: the gradients of
 # one layer's activations (1), plus, with checkpointing, that layer's recomputed activations (2).
 WORKING_LAYERS = {False: 1, True: 2}
-# Which frozen part produces which input: a part whose input the data provides stays off the GPU.
-FROZEN_OUTPUTS = {"vae": "video_latents", "text_encoder": "text_embeds", "vlm": "vlm_features"}
 
 
 def count_components(cfg):
@@ -66,12 +70,6 @@ def count_components(cfg):
     return counts, model, size
 
 
-def provided_inputs(cfg):
-    """Inputs the data gives ready-made: a latent cache holds video latents, text embeddings and VLM
-    features (data/cache.py), so no frozen part is needed on the GPU."""
-    return set(FROZEN_OUTPUTS.values()) if cfg.dataset.cache_dir else set()
-
-
 def muon_parameters(cfg, model):
     """Parameters that MuonAdamW trains with Muon (0 with AdamW)."""
     if cfg.training.optimizer != "muon_adamw":
@@ -83,16 +81,32 @@ def muon_parameters(cfg, model):
     return sum(p.numel() for _, p in muon)
 
 
+def frozen_bytes(precision):
+    """Bytes per frozen parameter: the parts are loaded in their compute dtype (models/build.py)."""
+    return 4 if precision == "fp32" else 2
+
+
+def host_ram(cfg, counts):
+    """GiB of host memory per process that the frozen parts take: this run's, and without / with a
+    latent cache (models/build.py builds only what the run calls)."""
+    def gib_of(parts):
+        return gib(sum(counts[k] for k in parts) * frozen_bytes(cfg.model.precision))
+
+    built = frozen_parts_for_training(cfg)
+    return {"frozen_parts_built": list(built), "this_run": gib_of(built),
+            "without_cache": gib_of(frozen_parts_needed(set())),
+            "with_cache": gib_of(frozen_parts_needed(CACHED_INPUTS))}
+
+
 def static_memory(counts, trainable, muon, frozen_on_gpu, precision, gpus, ema=False):
     """Bytes per GPU, independent of the batch, for ZeRO stages 0, 1, 2 (with the EMA when `ema`)."""
     w, g, o = BYTES[precision]
-    frozen_bytes = 4 if precision == "fp32" else 2
     out = {}
     for stage in (0, 1, 2):
         out[f"zero{stage}"] = {
             "weights": trainable * w, "gradients": trainable * g / (gpus if stage >= 2 else 1),
             "optimizer_state": (trainable * o - muon * MUON_SAVING) / (gpus if stage >= 1 else 1),
-            "frozen_weights": sum(counts[k] for k in frozen_on_gpu) * frozen_bytes}
+            "frozen_weights": sum(counts[k] for k in frozen_on_gpu) * frozen_bytes(precision)}
         if ema:
             out[f"zero{stage}"]["ema"] = EMA_BYTES * trainable / (gpus if stage >= 1 else 1)
     return out
@@ -175,6 +189,7 @@ def summarize(cfg, gpus, gpu_memory=80.0):
         "trainable": trainable,
         "total_video_vlm_experts": trainable + counts["vlm"],
         "memory_gib_per_gpu": budget(cfg, counts, model, size, gpus, gpu_memory),
+        "host_ram_gib_per_process": host_ram(cfg, counts),
         "assumes": f"frozen parts on the GPU only where the data does not provide their outputs "
                    f"(dataset.cache_dir provides all three); activations traced at the real shapes with a fused "
                    f"attention kernel; usable = {FRAGMENTATION} x GPU memory - {RESERVED_GIB} GiB (CUDA context, "

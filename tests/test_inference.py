@@ -38,6 +38,9 @@ def test_a_run_folder_a_checkpoint_and_an_export_load_the_same_model(tiny_checkp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert exported.stats.to_dict() == loaded.stats.to_dict()
     assert loaded.weights == exported.weights == "raw"  # trained without training.ema: the raw set
+    # raw observations need every frozen part, even when the recipe says it trained from a latent cache
+    from_cache = load_checkpoint(tiny_checkpoint, overrides=[f"dataset.cache_dir={tmp_path}/cache"])
+    assert from_cache.cfg.dataset.cache_dir and list(from_cache.encoders.parts()) == ["vae", "text_encoder", "vlm"]
     with pytest.raises(CheckpointError, match="holds no EMA weights"):
         load_checkpoint(tiny_checkpoint, weights="ema")
     with pytest.raises(CheckpointError, match="is not a folder"):

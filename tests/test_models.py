@@ -1,6 +1,7 @@
 """The world model: tiny shapes and losses, gradients, the noise-level law, inference modes,
 export round trip, full-size counts on meta, loading errors."""
 import json
+import logging
 import math
 import os
 import shutil
@@ -350,3 +351,49 @@ def test_noise_seeds_make_losses_independent_of_batch_layout(tiny):
     assert float(again["loss"].detach()) == float(whole["loss"].detach())
     other = model({**inputs, "noise_seeds": seeds + 100})
     assert float(other["loss"].detach()) != float(whole["loss"].detach())
+
+
+def test_training_from_a_latent_cache_builds_only_the_vae(tiny_yaml, tiny, tmp_path, caplog):
+    """dataset.cache_dir provides video latents, text embeddings and VLM features: umT5 and Qwen3-VL
+    (with their tokenizers / image processor) are not built, and say so once; a cached batch encodes
+    and decodes (validation pictures) with the same VAE; a raw batch is refused naming the key;
+    asking for every part (what data.build_cache and inference do) builds them all, the same weights."""
+    from data.build_cache import cache_encoders
+    from models.encoders import MissingFrozenPart
+
+    _, full, inputs = tiny
+    cached_cfg = load_config(tiny_yaml, [f"dataset.cache_dir={tmp_path}/cache"])
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="models.build"):
+        model, encoders = build_world_model(cached_cfg)
+    assert ("dataset.cache_dir provides text embeddings and VLM features: the umT5 text encoder and Qwen3-VL "
+            "are not loaded") in caplog.text
+    assert (encoders.text_encoder, encoders.tokenizer, encoders.vlm, encoders.vlm_tokenizer,
+            encoders.image_processor) == (None,) * 5
+    assert list(encoders.parts()) == ["vae"] and encoders.modules() == [encoders.vae]
+    assert encoders.to("cpu").resident() == []
+    torch.manual_seed(0)
+    plain, _ = build_world_model(load_config(tiny_yaml))  # the model's init does not depend on the parts built
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in model.state_dict().items())
+    batch = {k: inputs[k] for k in ("video_latents", "text_embeds", "text_mask", "vlm_features", "vlm_mask",
+                                    "state", "actions")}
+    out = encoders.encode(batch)
+    assert all(out[k] is batch[k] for k in batch)
+    assert torch.equal(encoders.decode_video(batch["video_latents"]), full.decode_video(batch["video_latents"]))
+    raw = {"video": torch.zeros(1, 5, 3, 64, 64), "instruction": ["open the drawer"], "actions": batch["actions"][:1]}
+    with pytest.raises(MissingFrozenPart, match="no text_embeds but the umT5 text encoder was not loaded because "
+                                                "dataset.cache_dir provides text embeddings"):
+        encoders.encode(raw)
+    with pytest.raises(MissingFrozenPart, match="no vlm_features but Qwen3-VL was not loaded because "
+                                                "dataset.cache_dir provides VLM features"):
+        encoders.encode_vlm(raw["video"][:, 0], raw["instruction"])
+    every = cache_encoders(cached_cfg, "cpu")  # the cache being built may be the one cache_dir names
+    assert list(every.parts()) == ["vae", "text_encoder", "vlm"]
+    again = every.encode({"video": torch.zeros(1, 5, 3, 64, 64), "instruction": ["open the drawer"]})
+    assert torch.equal(again["text_embeds"][0], inputs["text_embeds"][1])
+    # the config files of the parts not built are still checked at start
+    with pytest.raises(ModelLoadError, match="model.vlm.checkpoint_path: .* does not exist"):
+        build_world_model(load_config(tiny_yaml, [f"dataset.cache_dir={tmp_path}/cache",
+                                                  f"model.vlm.checkpoint_path={tmp_path}/nowhere"]))
+    with pytest.raises(ValueError, match="holds 'vae'"):
+        build_world_model(cached_cfg, frozen_parts=("text_encoder",))

@@ -3,7 +3,7 @@ and the frozen parts it counts against what the data provides."""
 import pytest
 
 from tests.helpers import config_from
-from models.summary import budget, calibration, count_components
+from models.summary import budget, calibration, count_components, host_ram
 
 # The trace counts the same tensors autograd keeps; what may differ is the attention kernel's
 # layout (fused kernels keep q, k, v, out, log-sum-exp) and the storage sharing of views.
@@ -43,3 +43,20 @@ def test_a_latent_cache_keeps_the_frozen_parts_off_the_gpu(tmp_path):
     assert cached["zero2"]["static_total"] == pytest.approx(online["zero2"]["static_total"] - 15.86, abs=0.02)
     for setting in ("no_checkpointing", "checkpointing"):
         assert cached["zero2"][f"largest_batch_{setting}"] > online["zero2"][f"largest_batch_{setting}"]
+
+
+def test_host_ram_of_the_frozen_parts_with_and_without_a_cache(tmp_path):
+    """Per process, parameters x bytes of the compute dtype: umT5-XXL + Qwen3-VL + the Wan2.2 VAE
+    without a cache, the VAE alone with one (models/build.py builds only that)."""
+    sections = {"common": {"action_dim": 14, "state_dim": 14, "num_video_frames": 8},
+                "model": {"size": "motus", "precision": "bf16_mixed"}}
+    counts, _, _ = count_components(config_from(tmp_path, sections))
+    vae = counts["vae"] * 2 / 1024 ** 3
+    assert vae == pytest.approx(1.31, abs=0.01)
+    online = host_ram(config_from(tmp_path, sections), counts)
+    assert online == {"frozen_parts_built": ["vae", "text_encoder", "vlm"], "this_run": 15.86,
+                      "without_cache": 15.86, "with_cache": round(vae, 2)}
+    cached = host_ram(config_from(tmp_path, {**sections, "dataset": {"cache_dir": str(tmp_path)}}), counts)
+    assert cached == {**online, "frozen_parts_built": ["vae"], "this_run": round(vae, 2)}
+    fp32 = host_ram(config_from(tmp_path, {**sections, "model": {"size": "motus", "precision": "fp32"}}), counts)
+    assert fp32["without_cache"] == pytest.approx(2 * 15.86, abs=0.01)
