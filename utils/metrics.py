@@ -5,7 +5,6 @@ plots) and videos. Progress is tqdm's bar in a terminal and a plain log line per
 otherwise (SLURM, nohup, CI), where a bar's carriage returns would make one endless line.
 """
 import datetime
-import fractions
 import io
 import json
 import logging
@@ -15,6 +14,7 @@ import time
 
 import numpy as np
 
+from utils.video_file import encode_mp4
 from utils.wandb_setup import init_wandb
 
 log = logging.getLogger(__name__)
@@ -242,19 +242,3 @@ def frame_strip(frames):
     """Up to STRIP_FRAMES frames, evenly spaced, side by side: [H, n * W, 3]."""
     keep = np.unique(np.linspace(0, len(frames) - 1, min(len(frames), STRIP_FRAMES)).round().astype(int))
     return np.concatenate(list(frames[keep]), axis=1)
-
-
-def encode_mp4(frames, fps):
-    """THWC uint8 -> mp4 bytes (H.264, yuv420p; an odd height or width is padded by one pixel)."""
-    import av
-
-    _, h, w, _ = frames.shape
-    frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fractions.Fraction(fps).limit_denominator(1001))
-        stream.width, stream.height, stream.pix_fmt = w + w % 2, h + h % 2, "yuv420p"
-        for rgb in frames:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
-        container.mux(stream.encode())
-    return buffer.getvalue()
