@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from data.video import VideoEncoder, video_info
+from data.video import video_info
+from utils.video_file import VideoEncoder
 
 V30_DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 V30_VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"

@@ -1,4 +1,4 @@
-"""Video files through PyAV: frame-accurate reads by timestamp, and an encoder for our writers.
+"""Video files through PyAV: frame-accurate reads by timestamp (writing is utils/video_file.py).
 
 LeRobot addresses a frame by its timestamp (episode `from_timestamp` + the frame's
 `timestamp` column), so we do the same: for each wanted time, keep the frame whose
@@ -220,34 +220,3 @@ def video_info(path):
             "video.channels": 3,
             "has_audio": False,
         }
-
-
-class VideoEncoder:
-    """Appends RGB frames to one mp4 at a fixed fps; frame k is shown at k / fps seconds.
-
-    Defaults follow LeRobot's recorder: AV1 (libsvtav1), yuv420p, a keyframe every 2 frames
-    (cheap seeking), crf 30.
-    """
-
-    def __init__(self, path, fps, width, height, codec="libsvtav1", crf=30, gop=2):
-        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its banner otherwise
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self.path = path
-        self.container = av.open(path, "w")
-        options = {"g": str(gop), "crf": str(crf)}
-        self.stream = self.container.add_stream(codec, rate=fps, options=options)
-        self.stream.width, self.stream.height = width, height
-        self.stream.pix_fmt = "yuv420p"
-        self.count = 0
-
-    def write(self, rgb):
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb, dtype=np.uint8), format="rgb24")
-        frame.pts = self.count
-        self.count += 1
-        for packet in self.stream.encode(frame):
-            self.container.mux(packet)
-
-    def close(self):
-        for packet in self.stream.encode():
-            self.container.mux(packet)
-        self.container.close()

@@ -3,12 +3,14 @@ the recipe's config, from any of the folders training and export write.
 
 `--checkpoint PATH` may be
 - a `checkpoint_step_N/` folder (its `config.yaml` and `norm_stats.json` travel with it);
-- a run folder: the checkpoint its `latest` file names;
+- a run folder: its newest complete checkpoint that passes verification (as
+  `resume.checkpoint_path=auto` picks it; damaged ones are skipped with a warning);
 - an exported folder (`python -m checkpoint.export`): `config.json` holds the model and `common`
   sections, `norm_stats.json` the statistics; the other sections take the schema's defaults.
 `--config CFG` replaces the config that came with the checkpoint (the architecture always comes
 from the checkpoint); the statistics always come from the checkpoint.
 """
+import glob
 import hashlib
 import logging
 import os
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 import torch
 from omegaconf import OmegaConf
 
-from checkpoint.checkpointer import MARKER, PREFIX
+from checkpoint.checkpointer import MARKER, PREFIX, is_complete, newest_verified, verify_together
 from checkpoint.export import CONFIG_YAML, NORM_STATS, model_spec_from_config
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, inference_weights
+from checkpoint.manifest import CheckpointCorrupt
 from models.serialization import CONFIG_NAME, ModelLoadError, read_config
 
 log = logging.getLogger(__name__)
@@ -56,25 +59,45 @@ def config_hash(cfg):
 
 
 def resolve_checkpoint(path):
-    """A run folder -> the checkpoint its `latest` names; a checkpoint or export folder -> itself."""
+    """A run folder -> its newest complete checkpoint that passes verification, by the rule
+    `resume.checkpoint_path=auto` follows; a checkpoint folder -> itself, if complete and whole; an
+    exported folder -> itself."""
     if not os.path.isdir(path):
         raise CheckpointError(f"--checkpoint '{path}' is not a folder; expected a {PREFIX}N folder, a run "
                               "folder or an exported folder")
-    latest = os.path.join(path, "latest")
-    if os.path.isfile(latest):
-        with open(latest) as f:
-            path = os.path.join(path, f.read().strip())
     if os.path.basename(os.path.normpath(path)).startswith(PREFIX):
-        if not os.path.isfile(os.path.join(path, MARKER)):
-            raise CheckpointError(f"'{path}' has no {MARKER} marker: its save was interrupted; pick a complete "
-                                  "checkpoint")
-        if not os.path.isfile(os.path.join(path, CONFIG_YAML)):
-            raise CheckpointError(f"'{path}' has no {CONFIG_YAML}; expected a folder written by train/train.py")
-        return path
+        return _checked_checkpoint(path)
     if os.path.isfile(os.path.join(path, CONFIG_NAME)):
         return path
-    raise CheckpointError(f"--checkpoint '{path}' is neither a {PREFIX}N folder, a run folder (with a 'latest' "
-                          f"file) nor an exported folder (with {CONFIG_NAME})")
+    if not glob.glob(os.path.join(path, PREFIX + "*")):
+        raise CheckpointError(f"--checkpoint '{path}' is neither a {PREFIX}N folder, a run folder (holding "
+                              f"{PREFIX}N folders) nor an exported folder (with {CONFIG_NAME})")
+    try:
+        found = newest_verified(path)  # skipped (damaged) ones are reported loudly
+    except CheckpointCorrupt as e:
+        raise CheckpointError(f"--checkpoint '{path}': {e}") from None
+    if found is None:
+        raise CheckpointError(f"--checkpoint '{path}' holds no complete {PREFIX}N folder (no {MARKER} "
+                              "marker in any: their saves were interrupted)")
+    return _with_config(found)
+
+
+def _checked_checkpoint(path):
+    """A checkpoint folder named by hand: complete and whole, or a CheckpointError saying why."""
+    if not is_complete(path):
+        raise CheckpointError(f"'{path}' has no {MARKER} marker: its save was interrupted; pick a complete "
+                              "checkpoint, or its run folder for the newest one that is whole")
+    problems = verify_together(path)
+    if problems:
+        raise CheckpointError(f"'{path}' fails verification: {'; '.join(problems)}; pick an older checkpoint, "
+                              "or its run folder for the newest one that is whole")
+    return _with_config(path)
+
+
+def _with_config(path):
+    if not os.path.isfile(os.path.join(path, CONFIG_YAML)):
+        raise CheckpointError(f"'{path}' has no {CONFIG_YAML}; expected a folder written by train/train.py")
+    return path
 
 
 def _exported_config(folder, overrides):

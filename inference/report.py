@@ -43,7 +43,7 @@ def media(got, modes, out, count):
     action mode. Returns the written file names."""
     import torch
 
-    from data.video import VideoEncoder
+    from utils.video_file import VideoEncoder
     from models.report import action_figure, side_by_side
     from inference.metrics import ACTION_MODES, VIDEO_MODES
 

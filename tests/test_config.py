@@ -144,7 +144,33 @@ def test_overrides_on_both_sides_of_a_flag():
     args = parse_args(["--config", "configs/tiny.yaml", "training.max_steps=5", "--run_name", "x",
                        "training.batch_size=2"])
     assert args.overrides[:2] == ["training.max_steps=5", "training.batch_size=2"]
-    assert "logging.run_name=x" in args.overrides
+    assert load_config(args.config, args.overrides).logging.run_name == "x"
+
+
+@pytest.mark.parametrize("text", ["off", "no", "yes", "true", "1e3", "007", "null", "it's", "a=b", "[x"])
+def test_flag_values_arrive_verbatim(text):
+    """YAML would read `off` as False and `1e3` as 1000.0: the run folder would be runs/tiny/False."""
+    from train.train import parse_args
+
+    args = parse_args(["--run_name", text, "--checkpoint_dir", text])
+    cfg = load_config(args.config, args.overrides)
+    assert cfg.logging.run_name == text and cfg.system.checkpoint_dir == text
+
+
+@pytest.mark.parametrize("text,value", [("off", "off"), ("on", "on"), ("1e3", "1e3"), ("007", "007"), ("[x", "[x"),
+                                        ("'null'", "null"), ("'it''s'", "it's"), ("null", None), ("~", None), ("", None)])
+def test_overrides_of_text_keys_keep_the_text(text, value):
+    """A str or Optional[str] key gets the text as typed; a null spelling still means None; quotes
+    give the literal text; the keys of other types still read YAML (0 for an int, off for a bool)."""
+    cfg = load_config("configs/tiny.yaml", [f"logging.run_name={text}", f"logging.wandb_project={text}",
+                                            "training.max_steps=0x10", "system.speed.tf32=off"])
+    assert cfg.logging.run_name == value and cfg.logging.wandb_project == value
+    assert cfg.training.max_steps == 16 and cfg.system.speed.tf32 is False
+
+
+def test_null_for_a_required_text_key_is_refused():
+    with pytest.raises(ConfigError, match="system.checkpoint_dir"):
+        load_config("configs/tiny.yaml", ["system.checkpoint_dir=null"])
 
 
 def test_resuming_another_schedule_kind_is_refused():

@@ -10,7 +10,7 @@ import torch
 from data import DataError, build_datasets, build_train_stream
 from data.latent_action import write_latent_episode, write_meta
 from data.synthetic import ensure_synthetic, generate, square_size
-from data.video import VideoEncoder
+from utils.video_file import VideoEncoder
 from tests.helpers import config_from
 
 

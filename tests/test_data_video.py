@@ -9,7 +9,8 @@ from PIL import Image
 from data import video
 from data.lerobot_writer import LeRobotWriter
 from data.transforms import resize_frames
-from data.video import VideoEncoder, read_frames
+from data.video import read_frames
+from utils.video_file import VideoEncoder
 
 FPS, LENGTH, SIZE = 10, 40, 32
 
@@ -104,3 +105,22 @@ def test_image_column_cache_is_per_object(tmp_path):
     assert copy._columns == {}
     np.testing.assert_array_equal(copy.read(path, "observation.images.wrist", [2]), frames[[2]])
     assert ParquetImages()._columns == {}
+
+
+def test_encode_mp4_pads_odd_sizes_and_keeps_fps_and_frames():
+    """The mp4 bytes wandb gets: a smooth clip comes back near-exact at the fps asked (7.5 -> 15/2),
+    one decoded frame per input frame, padded to even size by one black row and column."""
+    import io
+    from fractions import Fraction
+
+    from utils.video_file import encode_mp4
+
+    y, x = np.mgrid[:15, :21]
+    frames = np.stack([np.stack([x * 3 + 10 * k + 60, y * 3 + 60, np.full_like(x, 100)], -1) for k in range(6)]).astype(np.uint8)
+    with av.open(io.BytesIO(encode_mp4(frames, 7.5))) as container:
+        stream = container.streams.video[0]
+        assert stream.average_rate == Fraction(15, 2)
+        got = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(stream)])
+    assert got.shape == (6, 16, 22, 3)
+    # the last row and column share their chroma samples with the black padding: compared apart
+    assert np.abs(got[:, :14, :20].astype(int) - frames[:, :14, :20]).mean() < 3

@@ -50,6 +50,44 @@ def test_a_run_folder_a_checkpoint_and_an_export_load_the_same_model(tiny_checkp
         load_checkpoint(str(tmp_path / "checkpoint_step_9"))
 
 
+def test_a_run_folder_gives_its_newest_whole_checkpoint_as_resume_does(tiny_checkpoint, tmp_path, caplog):
+    """The newest checkpoint (the one `latest` names) has a damaged weight file and a newer save was
+    interrupted: inference takes the older whole one, the one `resume.checkpoint_path` takes, and
+    says why; named by hand, the damaged and the interrupted ones are refused naming their folder."""
+    import shutil
+
+    from checkpoint.checkpointer import resolve_resume_path
+    from inference.load import CheckpointError, resolve_checkpoint
+
+    run = tmp_path / "run"
+    good, newer, interrupted = (run / f"checkpoint_step_{n}" for n in (2, 4, 6))
+    shutil.copytree(os.path.join(tiny_checkpoint, "checkpoint_step_2"), good)
+    shutil.copytree(good, newer)
+    (newer / "COMPLETE").write_text((good / "COMPLETE").read_text().replace("2\n", "4\n", 1))
+    assert resolve_checkpoint(str(run)) == str(newer)  # whole: the newest is taken
+    shutil.copytree(good, interrupted)
+    os.remove(interrupted / "COMPLETE")
+    (run / "latest").write_text("checkpoint_step_4\n")
+    weights = max((p for p in newer.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+
+    with caplog.at_level("WARNING"):
+        assert resolve_checkpoint(str(run)) == str(good) == resolve_resume_path(str(run), str(run))
+    assert f"checkpoint {newer} FAILS VERIFICATION" in caplog.text
+    with pytest.raises(CheckpointError, match=f"'{newer}' fails verification: .*{weights.name}"):
+        resolve_checkpoint(str(newer))
+    with pytest.raises(CheckpointError, match=f"'{interrupted}' has no COMPLETE marker"):
+        resolve_checkpoint(str(interrupted))
+    shutil.rmtree(good)
+    with pytest.raises(CheckpointError, match=f"'{run}': none of the 1 complete checkpoints .* passes verification"):
+        resolve_checkpoint(str(run))
+    shutil.rmtree(newer)
+    with pytest.raises(CheckpointError, match=f"'{run}' holds no complete checkpoint_step_N folder"):
+        resolve_checkpoint(str(run))
+
+
 def test_action_errors_and_baselines_are_the_stated_numbers():
     from inference.metrics import action_errors, baselines
 

@@ -131,6 +131,70 @@ def test_tensorboard_resume_keeps_one_value_per_step(tmp_path):
     assert len(glob.glob(str(tmp_path / "tensorboard_logs" / "events.out.tfevents.*"))) == 2
 
 
+def test_a_full_disk_loses_log_lines_not_the_run(tmp_path, monkeypatch, caplog):
+    """While metrics.jsonl's disk is full (a write cut short by ENOSPC) and TensorBoard's writes fail
+    (EIO), logging goes on as the training loop calls it: one loud warning per sink, no half line
+    left in the file, the lost records counted in the next record written and once more at the end."""
+    import errno
+    import json
+
+    import utils.metrics as metrics_module
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    metrics = Metrics(cfg_with("logging.report_to=tensorboard", "training.max_steps=5", "logging.progress=lines"),
+                      str(tmp_path), True, 0, "tensorboard")
+    full = {"disk": False}
+
+    class CutShort:
+        """A file whose write stores half the text, then fails as a full disk does."""
+
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[:len(text) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fake_open(path, *args, **kwargs):
+        f = open(path, *args, **kwargs)
+        return CutShort(f) if full["disk"] and path == metrics.path else f
+
+    def add_scalar(*args, real=metrics.tb.add_scalar, **kwargs):
+        if full["disk"]:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(metrics_module, "open", fake_open, raising=False)
+    monkeypatch.setattr(metrics.tb, "add_scalar", add_scalar)
+    with caplog.at_level("WARNING", logger="utils.metrics"):
+        for step in range(1, 6):
+            full["disk"] = step in (2, 3)
+            metrics.log(record(step, float(step)))
+            metrics.progress(step, record(step, float(step)))
+        metrics.close()
+
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("metrics_lines_lost")) for r in lines] == [(1, None), (4, 2), (5, 2)]
+    warnings = [r.getMessage() for r in caplog.records]
+    failed = [w for w in warnings if w.startswith("!!! cannot write")]
+    assert len(failed) == 2, warnings  # once per sink, not once per record
+    assert metrics.path in failed[0] and "No space left on device" in failed[0]
+    assert "Training continues and checkpoints are unaffected" in failed[0]
+    assert "TensorBoard" in failed[1] and "Input/output error" in failed[1]
+    assert any(w.startswith(f"!!! 2 records of this run are missing from {metrics.path}") for w in warnings)
+    events = EventAccumulator(str(tmp_path / "tensorboard_logs"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (4, 4.0), (5, 5.0)]
+    assert [(e.step, e.value) for e in events.Scalars("metrics_lines_lost")] == [(4, 2.0), (5, 2.0)]
+
+
 def test_wandb_offline_from_env_gets_pictures_and_videos_and_keeps_its_id(wandb_env, tmp_path):
     """WANDB_MODE=offline alone (no YAML value): an offline run in the run folder with the frame
     grid, the action plot and a video among its files; resuming continues the same run id."""

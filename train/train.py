@@ -23,7 +23,7 @@ from train.run_dir import choose_run_dir  # noqa: E402
 from train import speed  # noqa: E402
 from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
 from utils import dist  # noqa: E402
-from utils.config import ConfigError  # noqa: E402
+from utils.config import ConfigError, quote  # noqa: E402
 from utils.metrics import Metrics, quiet_library_bars  # noqa: E402
 from utils.quiet import silence_known_warnings  # noqa: E402
 from utils.schedule import LRSchedule  # noqa: E402
@@ -44,7 +44,8 @@ def parse_args(argv=None):
     args = p.parse_intermixed_args(argv)  # overrides may stand before, between and after flags
     flags = {"logging.run_name": args.run_name, "logging.report_to": args.report_to,
              "system.checkpoint_dir": args.checkpoint_dir}
-    args.overrides += [f"{k}={v}" for k, v in flags.items() if v is not None]
+    # quoted: a flag's value arrives as typed (`--run_name off` names the run "off", not False)
+    args.overrides += [f"{k}={quote(v)}" for k, v in flags.items() if v is not None]
     return args
 
 

@@ -7,8 +7,12 @@ The recipe's own schema, and every check across its fields, is `train/config.py`
 import difflib
 import os
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.nodes import StringNode
+
+NULL_TEXT = {"", "~", "null", "Null", "NULL"}  # YAML's spellings of null
 
 
 class ConfigError(ValueError):
@@ -49,15 +53,51 @@ def merge(schema, data, source):
         raise ConfigError(f"{source}: bad value for '{key}': {msg}") from None
 
 
-def parse_overrides(overrides):
+def is_text_key(schema, key):
+    """Whether dotted `key` names a str (or Optional[str]) field of `schema`."""
+    node = schema
+    for part in key.split("."):
+        if not OmegaConf.is_dict(node) or node._is_none() or part not in node:
+            return False
+        node = node._get_node(part)
+    return isinstance(node, StringNode)
+
+
+def text_value(item, text):
+    """An override's value for a text key, as typed: YAML would read `off` or `no` as a bool and
+    `1e3` or `007` as a number (so `--run_name off` would name the run `False`). A null spelling
+    (null, ~, nothing) is None; a quoted value is unquoted by YAML's rules, so 'null' is the text."""
+    if text in NULL_TEXT:
+        return None
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        try:
+            return str(yaml.safe_load(text))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"command line: override '{item}': not a valid quoted string: {e}") from None
+    return text
+
+
+def quote(text):
+    """`text` as an override value that arrives verbatim whatever it reads like (see text_value)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def parse_overrides(overrides, schema):
+    """`key=value` items as a config: values of text keys of `schema` verbatim, others read as YAML."""
+    data = OmegaConf.create()
     for item in overrides:
         if "=" not in item or item.startswith("=") or item.startswith("--"):
             raise ConfigError(f"command line: override '{item}' is not of the form key=value "
                               "(for example training.max_steps=50)")
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"command line: cannot parse overrides {list(overrides)}: {e}") from None
+        key, text = item.split("=", 1)
+        try:
+            if is_text_key(schema, key):
+                OmegaConf.update(data, key, text_value(item, text))
+            else:
+                data.merge_with_dotlist([item])
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"command line: cannot parse override '{item}': {e}") from None
+    return data
 
 
 def read_yaml(path):
@@ -75,7 +115,7 @@ def read_yaml(path):
 def load_structured(schema_cls, path, overrides=()):
     """The YAML at `path` plus `overrides`, merged onto `schema_cls`'s defaults (not yet checked)."""
     cfg = merge(OmegaConf.structured(schema_cls), read_yaml(path), path)
-    return merge(cfg, parse_overrides(overrides), "command line")
+    return merge(cfg, parse_overrides(overrides, cfg), "command line")
 
 
 def check_choice(source, key, value, allowed):

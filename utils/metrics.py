@@ -4,8 +4,8 @@ Everything logged goes to every enabled sink: scalars, pictures (validation fram
 plots) and videos. Progress is tqdm's bar in a terminal and a plain log line per logging step
 otherwise (SLURM, nohup, CI), where a bar's carriage returns would make one endless line.
 """
+import contextlib
 import datetime
-import fractions
 import io
 import json
 import logging
@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from utils.video_file import encode_mp4
 from utils.wandb_setup import init_wandb
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class Metrics:
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.tb = self.wandb = self.progress_display = None
         self._warned_strip = False
+        self.lines_lost = 0  # metrics.jsonl records not written in this process (a full disk)
+        self._failing = {}  # sink -> writes failed since it last worked
         if not enabled:
             return
         if report_to in ("wandb", "all"):  # first: it may stop for missing credentials
@@ -70,16 +73,40 @@ class Metrics:
         """`record` holds step and scalars; `lr` is a dict of group name -> lr."""
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.lines_lost:
+            record = {**record, "metrics_lines_lost": self.lines_lost}
+        if not self._try(self.path, append_line, self.path, json.dumps(record) + "\n"):
+            self.lines_lost += 1
         step = record["step"]
         flat = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
         flat.update({f"lr/{name}": lr for name, lr in record.get("lr", {}).items()})
         if self.tb:
-            for k, v in flat.items():
-                self.tb.add_scalar(k, v, step)
+            self._try("TensorBoard", self._tb_scalars, step, flat)
         if self.wandb:
-            self.wandb.log(flat, step=step)
+            self._try("wandb", self.wandb.log, flat, step=step)
+
+    def _tb_scalars(self, step, flat):
+        for k, v in flat.items():
+            self.tb.add_scalar(k, v, step)
+
+    def _try(self, sink, write, *args, **kwargs):
+        """write(*args, **kwargs), True if it worked. An OSError (a full disk, an I/O error) is warned about once and
+        swallowed: only rank 0 writes metrics, and a rank 0 that died here would leave the others
+        waiting in their next collective until the timeout, losing the run over a log line."""
+        try:
+            write(*args, **kwargs)
+        except OSError as e:
+            self._failing[sink] = self._failing.get(sink, 0) + 1
+            if self._failing[sink] == 1:
+                log.warning("!!! cannot write %s (%s). Training continues and checkpoints are unaffected "
+                            "(a save that fails stops the run on every rank); every record retries the "
+                            "write, and metrics.jsonl records not written are counted in its "
+                            "`metrics_lines_lost`. Free space on that disk.", sink, e)
+            return False
+        failed = self._failing.pop(sink, 0)
+        if failed:
+            log.warning("%s is written again, after %d failed writes", sink, failed)
+        return True
 
     def progress(self, step, record):
         if self.enabled:
@@ -93,11 +120,15 @@ class Metrics:
         pictures = {name: chw_to_hwc_uint8(img) for name, img in (images or {}).items()}
         pictures.update({name: figure_to_array(fig) for name, fig in (figures or {}).items()})
         if self.tb:
-            for name, pic in pictures.items():
-                self.tb.add_image(name, pic, step, dataformats="HWC")
-        if self.wandb:
+            self._try("TensorBoard", self._tb_images, step, pictures)
+        if self.wandb:  # wandb.Image writes a file too: built inside the guarded call
             import wandb
-            self.wandb.log({name: wandb.Image(pic) for name, pic in pictures.items()}, step=step)
+            self._try("wandb", lambda: self.wandb.log({name: wandb.Image(pic) for name, pic in pictures.items()},
+                                                      step=step))
+
+    def _tb_images(self, step, pictures):
+        for name, pic in pictures.items():
+            self.tb.add_image(name, pic, step, dataformats="HWC")
 
     def add_video(self, step, name, frames, fps):
         """A video: `frames` uint8 [T, H, W, 3] or [T, 3, H, W] (tensor or array). wandb gets an
@@ -106,10 +137,11 @@ class Metrics:
             return
         frames = video_to_thwc(frames, name)
         if self.tb:
-            self._tb_video(step, name, frames, fps)
+            self._try("TensorBoard", self._tb_video, step, name, frames, fps)
         if self.wandb:
             import wandb
-            self.wandb.log({name: wandb.Video(io.BytesIO(encode_mp4(frames, fps)), format="mp4")}, step=step)
+            self._try("wandb", lambda: self.wandb.log(
+                {name: wandb.Video(io.BytesIO(encode_mp4(frames, fps)), format="mp4")}, step=step))
 
     def _tb_video(self, step, name, frames, fps):
         try:
@@ -129,9 +161,25 @@ class Metrics:
         if self.progress_display:
             self.progress_display.close()
         if self.tb:
-            self.tb.close()
+            self._try("TensorBoard", self.tb.close)
         if self.wandb:
-            self.wandb.finish()
+            self._try("wandb", self.wandb.finish)
+        if self.lines_lost:
+            log.warning("!!! %d records of this run are missing from %s: their writes failed (see the "
+                        "warnings above); the checkpoints are unaffected", self.lines_lost, self.path)
+
+
+def append_line(path, line):
+    """Append `line` whole or not at all: a write cut short by a full disk is cut off again, so the
+    next record starts on a line of its own and every line of the file stays valid JSON."""
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    try:
+        with open(path, "a") as f:
+            f.write(line)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.truncate(path, size)
+        raise
 
 
 def use_bar(mode):
@@ -242,19 +290,3 @@ def frame_strip(frames):
     """Up to STRIP_FRAMES frames, evenly spaced, side by side: [H, n * W, 3]."""
     keep = np.unique(np.linspace(0, len(frames) - 1, min(len(frames), STRIP_FRAMES)).round().astype(int))
     return np.concatenate(list(frames[keep]), axis=1)
-
-
-def encode_mp4(frames, fps):
-    """THWC uint8 -> mp4 bytes (H.264, yuv420p; an odd height or width is padded by one pixel)."""
-    import av
-
-    _, h, w, _ = frames.shape
-    frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fractions.Fraction(fps).limit_denominator(1001))
-        stream.width, stream.height, stream.pix_fmt = w + w % 2, h + h % 2, "yuv420p"
-        for rgb in frames:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
-        container.mux(stream.encode())
-    return buffer.getvalue()

@@ -1,0 +1,54 @@
+"""Writing mp4 files through PyAV: the one encoder behind dataset writers, evaluation reports and the
+videos sent to wandb. (Reading frames by timestamp is data/video.py's job.)"""
+import fractions
+import io
+import os
+
+import av
+import numpy as np
+
+
+class VideoEncoder:
+    """Appends RGB frames to one mp4 at a fixed fps; frame k is shown at k / fps seconds.
+
+    `target` is a path or a writable binary file object. Defaults follow LeRobot's recorder: AV1
+    (libsvtav1), yuv420p, a keyframe every 2 frames (cheap seeking), crf 30; crf or gop None leaves
+    the codec's own default.
+    """
+
+    def __init__(self, target, fps, width, height, codec="libsvtav1", crf=30, gop=2):
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its banner otherwise
+        if isinstance(target, str):  # the format follows the file name, as for every file we write
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            self.container = av.open(target, "w")
+        else:  # a file object has no name to tell the format by
+            self.container = av.open(target, "w", format="mp4")
+        options = {k: str(v) for k, v in (("g", gop), ("crf", crf)) if v is not None}
+        rate = fractions.Fraction(fps).limit_denominator(1001)  # 29.97 -> 30000/1001
+        self.stream = self.container.add_stream(codec, rate=rate, options=options)
+        self.stream.width, self.stream.height = width, height
+        self.stream.pix_fmt = "yuv420p"
+        self.count = 0
+
+    def write(self, rgb):
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb, dtype=np.uint8), format="rgb24")
+        frame.pts = self.count
+        self.count += 1
+        self.container.mux(self.stream.encode(frame))
+
+    def close(self):
+        self.container.mux(self.stream.encode())
+        self.container.close()
+
+
+def encode_mp4(frames, fps):
+    """THWC uint8 -> mp4 bytes (H.264 at its default quality; yuv420p halves the chroma resolution,
+    so an odd height or width is padded by one pixel)."""
+    _, h, w, _ = frames.shape
+    frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
+    buffer = io.BytesIO()
+    encoder = VideoEncoder(buffer, fps, w + w % 2, h + h % 2, codec="libx264", crf=None, gop=None)
+    for rgb in frames:
+        encoder.write(rgb)
+    encoder.close()
+    return buffer.getvalue()
