@@ -391,6 +391,20 @@ def test_disk_full_during_a_real_save(small_disk):
     shutil.rmtree(run)
 
 
+@pytest.mark.distributed
+def test_a_run_folder_rank0_cannot_write_stops_every_rank(tmp_path):
+    """Rank 0 alone writes the run's config.yaml (here a folder in the way, as a full or read-only
+    disk would): both ranks exit with the error, the other one does not wait for rank 0 in its next
+    collective (the group timeout is set to a minute so that, broken, the test ends)."""
+    run = run_dir(tmp_path, "blocked")
+    os.makedirs(os.path.join(run, "config.yaml"))
+    result = train(tmp_path, 2, "blocked", ["system.dist_timeout_minutes=1"], deepspeed=None, check=False)
+    log = result.stdout + result.stderr
+    assert result.returncode != 0 and "Training finished" not in log, log[-3000:]
+    assert re.search(r"\[rank 0\] error: .*config\.yaml", log), log[-3000:]
+    assert "[rank 1] error: another rank failed during start-up" in log, log[-3000:]
+
+
 # DeepSpeed without ZeRO (stage 0, fp32) steps the client optimizer itself: the engine drops the
 # non-finite gradients first. One process, a linear model, AdamW.
 @pytest.mark.distributed

@@ -78,6 +78,14 @@ def build_everything(cfg, world_size):
     return datasets, model, encoders, optimizer
 
 
+def open_run_dir(run_dir, cfg, checkpointer):
+    """Rank 0 writes the run's config.yaml and clears the saves a kill interrupted."""
+    if dist.is_main():
+        os.makedirs(run_dir, exist_ok=True)
+        save_config(cfg, os.path.join(run_dir, "config.yaml"))
+    checkpointer.remove_interrupted_saves()
+
+
 def restore(checkpointer, path, engine, state, stream, schedule, reset_scheduler):
     """Resume: weights, optimizer, RNG, step, data position and lr schedule (unless reset on purpose)."""
     saved = checkpointer.load(path, engine.load)
@@ -133,14 +141,13 @@ def main(argv=None):
     checkpointer = Checkpointer(run_dir, cfg, cfg.system.total_limit)
     state = TrainerState()
 
-    if dist.is_main():
-        os.makedirs(run_dir, exist_ok=True)
-        save_config(cfg, os.path.join(run_dir, "config.yaml"))
-    dist.barrier()
-    checkpointer.remove_interrupted_saves()
-    if resume_from:
-        restore(checkpointer, resume_from, engine, state, stream, schedule, cfg.resume.reset_scheduler)
-    metrics = Metrics(cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
+    try:  # rank 0 writes here: a full disk or a read-only folder must stop every rank, not hang them
+        dist.fail_together(open_run_dir, run_dir, cfg, checkpointer)
+        if resume_from:
+            restore(checkpointer, resume_from, engine, state, stream, schedule, cfg.resume.reset_scheduler)
+        metrics = dist.fail_together(Metrics, cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
+    except dist.StartupError as e:
+        dist.die(e)
     ga, micro_batch = cfg.training.gradient_accumulation_steps, cfg.training.batch_size
     samples_per_step = micro_batch * ga * world_size
     log.info("run directory: %s", run_dir)
