@@ -85,6 +85,72 @@ def test_gpu_check_says_no_gpu_on_a_cpu_machine(tmp_path):
     assert "gpu_check: no GPU" in r.stderr and not out.exists()
 
 
+def test_gpu_check_worker_path_runs_on_cpu(tmp_path, capsys):
+    """The GPU check's whole path (main -> run_worker -> bench_rows -> engine_for -> measure) on the
+    CPU: gloo, the tiny size at the robotwin shapes, both optimizers, 1 timed step. Only the CUDA
+    calls of its Device are skipped, so the memory columns are null, never stand-ins."""
+    from benchmarks import gpu_check
+    from models.build import vae_compression
+    from models.sizes import get_size
+    from models.summary import predict_peak
+
+    out = tmp_path / "gpu_check.json"
+    code = gpu_check.main(["--device", "cpu", "--sizes", "tiny", "--batches", "1", "2", "--steps", "1",
+                           "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0, capsys.readouterr().out + json.dumps(report["rows"], indent=1)
+    rows = report["rows"]
+    assert [(r["optimizer"], r["gradient_checkpointing"], r["batch"]) for r in rows] == [
+        (o, c, b) for o in ("adamw", "muon_adamw") for c in (True, False) for b in (1, 2)]
+    # an independent count of the tokens per sample from the config: Wan's 2x2 patches of the latents,
+    # [state | chunk | registers], the VLM's merged image cells of one frame plus the prompt
+    cfg = gpu_check.check_config("tiny", "adamw", 2)
+    size, c = get_size("tiny"), cfg.common
+    temporal, spatial = vae_compression(size.vae)
+    video = (1 + c.num_video_frames // temporal) * (c.video_height // spatial // 2) * (c.video_width // spatial // 2)
+    cell = size.vlm_vision["patch_size"] * size.vlm_vision["spatial_merge_size"]
+    und = -(-c.video_height // cell) * -(-c.video_width // cell) + 40
+    action = c.action_chunk_size + cfg.model.action_expert.num_registers + 1  # finetune: the state token
+    for r in rows:
+        assert r["expert_tokens"] == {"video": video, "action": action, "und": und}, r
+        assert r["tokens_per_sample"] == video + action + und
+        assert torch.isfinite(torch.tensor(r["loss"])) and r["step_s"] > 0
+        assert r["tokens_per_s"] == round(r["tokens_per_sample"] * r["batch"] / r["step_s"])
+        assert r["peak_gib"] is None and r["measured_over_predicted"] is None and r["mfu"] is None
+        # the check's prediction is the memory model's own (summary.predict_peak rounds to 0.01 GiB)
+        expected = predict_peak(gpu_check.check_config("tiny", r["optimizer"], 2), r["batch"], r["gradient_checkpointing"])
+        assert r["predicted_peak_gib"] > 0 and abs(r["predicted_peak_gib"] - expected) <= 0.005 + 1e-9, (r, expected)
+    s = report["summary"]
+    assert s["workers_failed"] == [] and s["memory_target_met"] is None and s["tests_passed"] is None
+    assert s["passed"] is True
+
+
+def test_gpu_check_summary_names_the_rows_off_target():
+    """The targets of the report: a measured peak more than 10% off, a predicted-to-fit row out of
+    memory, a failed worker or GPU test, or the time budget each make the check fail."""
+    from benchmarks.gpu_check import Device, summarize
+
+    def row(ratio=None, **kw):
+        return dict(size="motus", optimizer="adamw", batch=4, gradient_checkpointing=False, predicted_peak_gib=100.0,
+                    measured_over_predicted=ratio, **kw)
+
+    gpu = Device("cuda")
+    base = {"tests": {"returncode": 0}, "seconds": 400.0, "device_memory_gib": 139.8}
+    ok = summarize({**base, "rows": [row(1.04), row(0.93)]}, gpu)
+    assert ok["memory_target_met"] is True and ok["passed"] is True and ok["time_target_met"] is True
+    off = summarize({**base, "rows": [row(1.04), row(1.11)]}, gpu)
+    assert off["passed"] is False and off["memory_rows_off_target"] == [
+        "motus adamw batch 4 no checkpointing: measured/predicted 1.11"]
+    oom = summarize({**base, "rows": [row(error="out of memory", predicted_fits=True)]}, gpu)
+    assert oom["memory_target_met"] is False and "out of memory" in oom["memory_rows_off_target"][0]
+    expected_oom = summarize({**base, "rows": [row(1.0), row(error="out of memory", predicted_fits=False)]}, gpu)
+    assert expected_oom["passed"] is True
+    assert summarize({**base, "tests": {"returncode": 1}, "rows": [row(1.0)]}, gpu)["passed"] is False
+    assert summarize({**base, "seconds": 481.0, "rows": [row(1.0)]}, gpu)["time_target_met"] is False
+    worker = summarize({**base, "rows": [dict(size="motus", optimizer="muon_adamw", error="worker exited 1: ...")]}, gpu)
+    assert worker["passed"] is False and worker["workers_failed"][0].startswith("motus muon_adamw (worker)")
+
+
 def test_frozen_parts_move_to_the_device_only_when_a_batch_needs_them(tmp_path):
     """CPU stand-in for the GPU: the `meta` device (a move there is visible, nothing is computed).
     A batch from a latent cache moves no frozen part; a batch that needs text embeddings moves umT5."""
