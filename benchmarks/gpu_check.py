@@ -25,7 +25,10 @@ when a GPU test or a worker failed, a measured peak is more than 10% off the pre
 predicted to fit ran out of memory), or the run took longer than the 8-minute budget. Without a
 GPU (and without --device cpu) it exits 2 and says so.
 
-Time on one H200 (estimated, never measured): see TRAINING.md, "The GPU check".
+Time on one H200, estimated (never measured; basis in TRAINING.md, "The GPU check"): the GPU tests
+130-150 s (4 tiny training launches and the tiny VAE fit, measured on the CPU), the 4 workers'
+start-up 60-90 s, compute 40-65 s (motus MuonAdamW's Newton-Schulz, 406 TFLOP per step on one GPU,
+dominates): about 4-5 minutes of the 8-minute budget.
 """
 import argparse
 import gc
@@ -246,6 +249,8 @@ def run_worker(size_name, opt, args, rows_path):
 
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
+    if args.device == "cpu":  # on a GPU host too: DeepSpeed would otherwise pick CUDA and move the model there
+        env["CUDA_VISIBLE_DEVICES"] = ""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", size_name, opt, "--rows", rows_path,
            "--device", args.device, "--steps", str(args.steps), "--batches", *map(str, args.batches)]
     if os.path.exists(rows_path):
@@ -349,10 +354,15 @@ def main(argv=None):
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     tflops, name = peak_tflops(device)
+    if device.cuda and not args.skip_tests:
+        print("gpu_check: running the GPU tests (pytest -m gpu tests/test_gpu.py) ...", flush=True)
     report = {"device": name, "device_memory_gib": device.total_gib(), "bf16_peak_tflops": tflops,
               "tests": None if args.skip_tests or not device.cuda else run_gpu_tests(out_dir), "rows": []}
+    if report["tests"]:
+        print(f"gpu_check: GPU tests: {report['tests']['summary']} ({report['tests']['seconds']} s)", flush=True)
     for size_name in args.sizes:
         for opt in args.optimizers:
+            print(f"gpu_check: {size_name} {opt} ...", flush=True)
             report["rows"] += run_worker(size_name, opt, args, os.path.join(out_dir, f"gpu_check_{size_name}_{opt}.json"))
     report["seconds"] = round(time.perf_counter() - start, 1)
     report["summary"] = summarize(report, device)

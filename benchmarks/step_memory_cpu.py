@@ -113,6 +113,7 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "step_memory_cpu.json"))
     args = p.parse_args(argv)
     LIBC = _libc()
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement on a GPU host too (DeepSpeed picks its device at import)
     import deepspeed
     from utils.dist import free_port
 
