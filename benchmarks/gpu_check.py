@@ -34,6 +34,7 @@ import argparse
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -90,22 +91,30 @@ def peak_tflops(device):
     return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None), name
 
 
+def run_bounded(cmd, timeout, env=None):
+    """(returncode or None when it ran past `timeout` s, stdout, stderr). The command runs in its own
+    process group, killed as a whole at the timeout: a hung test's torchrun children must not keep
+    the GPU (and its memory) busy under the workers that follow."""
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            return proc.returncode, out, err
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            return None, out, err
+
+
 def run_gpu_tests(out_dir):
     xml = os.path.join(out_dir, "gpu_tests.xml")
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", "-p", "no:cacheprovider",
            f"--junitxml={xml}"]
     start = time.perf_counter()
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TESTS_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        return {"returncode": None, "summary": f"timed out after {TESTS_TIMEOUT_S} s", "seconds": TESTS_TIMEOUT_S,
-                "output_tail": _text(e.stdout)[-3000:] + _text(e.stderr)[-2000:]}
-    return {"returncode": r.returncode, "summary": (r.stdout.strip().splitlines() or [""])[-1],
-            "seconds": round(time.perf_counter() - start, 1), "output_tail": r.stdout[-3000:] + r.stderr[-2000:]}
-
-
-def _text(b):
-    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+    code, out, err = run_bounded(cmd, TESTS_TIMEOUT_S)
+    summary = f"timed out after {TESTS_TIMEOUT_S} s" if code is None else (out.strip().splitlines() or [""])[-1]
+    return {"returncode": code, "summary": summary, "seconds": round(time.perf_counter() - start, 1),
+            "output_tail": out[-3000:] + err[-2000:]}
 
 
 def check_config(size_name, opt, batch):
@@ -255,11 +264,9 @@ def run_worker(size_name, opt, args, rows_path):
            "--device", args.device, "--steps", str(args.steps), "--batches", *map(str, args.batches)]
     if os.path.exists(rows_path):
         os.remove(rows_path)  # never read a previous run's rows as this one's
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-        error = None if r.returncode == 0 else f"worker exited {r.returncode}: {r.stderr[-1500:]}"
-    except subprocess.TimeoutExpired as e:
-        error = f"worker timed out after {WORKER_TIMEOUT_S} s: {_text(e.stderr)[-1500:]}"
+    code, _, err = run_bounded(cmd, WORKER_TIMEOUT_S, env)
+    error = (f"worker timed out after {WORKER_TIMEOUT_S} s: {err[-1500:]}" if code is None
+             else None if code == 0 else f"worker exited {code}: {err[-1500:]}")
     rows = []
     if os.path.exists(rows_path):
         with open(rows_path) as f:

@@ -3,6 +3,7 @@ CPU test can reach. `bash scripts/gpu_check.sh` runs them and writes their outco
 import json
 import os
 import sys
+import time
 
 import pytest
 import torch
@@ -164,6 +165,29 @@ def test_gpu_check_summary_names_the_rows_off_target():
     assert summarize({**base, "seconds": 481.0, "rows": [row(1.0)]}, gpu)["time_target_met"] is False
     worker = summarize({**base, "rows": [dict(size="motus", optimizer="muon_adamw", error="worker exited 1: ...")]}, gpu)
     assert worker["passed"] is False and worker["workers_failed"][0].startswith("motus muon_adamw (worker)")
+
+
+def test_gpu_check_kills_a_hung_command_with_its_children():
+    """A GPU test that hangs is killed with the torchrun children it started (its process group),
+    so none of them keeps the GPU busy under the workers that follow."""
+    from benchmarks.gpu_check import run_bounded
+
+    code, out, _ = run_bounded(["bash", "-c", "sleep 600 & echo $!; wait"], timeout=2)
+    assert code is None
+    child = int(out.split()[0])
+
+    def running(pid):  # a killed orphan may stay a zombie (state Z) until something reaps it
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    for _ in range(100):  # the kill is delivered asynchronously: give it a moment
+        if not running(child):
+            break
+        time.sleep(0.05)
+    assert not running(child)
 
 
 def test_frozen_parts_move_to_the_device_only_when_a_batch_needs_them(tmp_path):
