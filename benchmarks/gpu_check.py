@@ -136,10 +136,10 @@ def prediction(cfg):
     counts, fake, size = count_components(cfg)
     trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
     frozen = budget(cfg, counts, fake, size, gpus=1, gpu_memory=1.0)["frozen_on_gpu"]  # [] from a latent cache
-    static = static_memory(counts, trainable, muon_parameters(cfg, fake), frozen, cfg.model.precision, 1,
-                           cfg.training.ema.enabled)["zero2"]
+    muon = muon_parameters(cfg, fake)
+    static = static_memory(counts, trainable, muon, frozen, cfg.model.precision, 1, cfg.training.ema.enabled)["zero2"]
     per_sample = {c: a["kept"] + a["working_set"] for c, a in activation_memory(cfg, size).items()}
-    return sum(static.values()), per_sample, step_transient(trainable, cfg.model.precision, 1, 2), counts
+    return sum(static.values()), per_sample, step_transient(trainable, cfg.model.precision, 1, 2, muon), counts
 
 
 def engine_for(cfg, device):
