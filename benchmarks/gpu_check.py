@@ -108,7 +108,7 @@ def run_bounded(cmd, timeout, env=None):
 
 def run_gpu_tests(out_dir):
     xml = os.path.join(out_dir, "gpu_tests.xml")
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q",
            f"--junitxml={xml}"]
     start = time.perf_counter()
     code, out, err = run_bounded(cmd, TESTS_TIMEOUT_S)
