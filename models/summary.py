@@ -44,8 +44,6 @@ RESERVED_GIB, FRAGMENTATION = 2.0, 0.9
 # The backward's working set beyond the kept tensors, in saved bytes of one layer: the gradients of
 # one layer's activations (1), plus, with checkpointing, that layer's recomputed activations (2).
 WORKING_LAYERS = {False: 1, True: 2}
-# Bytes per parameter of a param group alive during its optimizer step (step_transient).
-STEP_GROUP_BYTES = {"adamw": 2 + 4, "muon": 4 + 4 + 2}
 # Which frozen part produces which input: a part whose input the data provides stays off the GPU.
 FROZEN_OUTPUTS = {"vae": "video_latents", "text_encoder": "text_embeds", "vlm": "vlm_features"}
 
@@ -104,6 +102,10 @@ def activation_memory(cfg, size):
     """Per-sample activation bytes, {checkpointing: {kept, working_set}} (models/activations.py)."""
     return {c: {"kept": a.kept, "working_set": WORKING_LAYERS[c] * a.per_layer}
             for c, a in activations.per_sample(cfg, size).items()}
+
+
+# Bytes per parameter of a param group alive during its optimizer step (step_transient).
+STEP_GROUP_BYTES = {"adamw": 2 + 4, "muon": 4 + 4 + 2}
 
 
 def step_transient(trainable, precision, gpus, stage, muon=0):
