@@ -1,16 +1,40 @@
 """The first GPU run, in one command (`bash scripts/gpu_check.sh`): the GPU tests, then step time,
 peak memory, tokens/s and MFU of the `small` and `motus` sizes, beside the memory model's prediction.
 
-    python benchmarks/gpu_check.py [--sizes small motus] [--batches 1 2 4] [--steps 3]
+    python benchmarks/gpu_check.py [--sizes small motus] [--batches 1 2 4] [--steps 3] [--skip-tests]
+    python benchmarks/gpu_check.py --device cpu --sizes tiny --batches 1 2 --steps 1 --optimizers adamw
+        (the CPU smoke path of tests/test_gpu.py: every line but the CUDA calls; memory columns null)
 
-One process, NCCL, DeepSpeed ZeRO-2 (configs/zero2.json), bf16_mixed, random init, inputs at the
-real shapes (configs/robotwin.yaml: 384x320 video, 8 frames = 360 video tokens, action chunk 16,
-VLM features of one frame + prompt) as a latent cache gives them, so no frozen part is on the GPU.
-Writes benchmarks/results/gpu_check.json and prints a table. Without a GPU it exits 2 and says so.
+Each size and optimizer runs in a fresh worker process (one engine; its memory is gone when it
+exits): one process, NCCL (gloo on the CPU), DeepSpeed ZeRO-2 (configs/zero2.json), bf16_mixed,
+the AdamW kernel of `system.speed.fused_adamw` as training uses it, random init, inputs at the real
+shapes of configs/robotwin.yaml (384x320 video, 8 frames, action chunk 16, VLM features of one frame
++ prompt) as a latent cache gives them, so no frozen part is on the GPU. Rows run with
+checkpointing first, batches ascending: the predicted peak grows along them, so after an
+out-of-memory row the later ones are marked `not run` instead of measured on an engine whose
+gradients were half-reduced.
+
+Peak window: `reset_peak_memory_stats` before each row's first step (untimed: it allocates the
+optimizer state lazily in the first row, and the autotuned kernels' workspaces), read after its last.
+The weights, the optimizer state and ZeRO's gradient partition and buckets are resident in every
+row's window, as in the prediction (models/summary.py: static + buckets + max(activations, the fp32
+gradient copy of the optimizer step)).
+
+Writes benchmarks/results/gpu_check.json (rows + a summary of the targets), prints a table, exits 1
+when a GPU test or a worker failed, a measured peak is more than 10% off the prediction (or a row
+predicted to fit ran out of memory), or the run took longer than the 8-minute budget. Without a
+GPU (and without --device cpu) it exits 2 and says so.
+
+Time on one H200, estimated (never measured; basis in TRAINING.md, "The GPU check"): the GPU tests
+130-150 s (4 tiny training launches and the tiny VAE fit, measured on the CPU), the 4 workers'
+start-up 60-90 s, compute 40-65 s (motus MuonAdamW's Newton-Schulz, 406 TFLOP per step on one GPU,
+dominates): about 4-5 minutes of the 8-minute budget.
 """
 import argparse
+import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,131 +45,273 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 GIB = 1024 ** 3
 BF16_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}  # dense bf16
+MEMORY_TOLERANCE = 0.10  # |measured / predicted - 1| of every measured row
+TIME_BUDGET_S = 480
+TESTS_TIMEOUT_S, WORKER_TIMEOUT_S = 300, 240  # hang guards: a stuck NCCL call cannot eat the whole run
+
+
+class Device:
+    """The CUDA-only calls of the check, in one place: on the CPU (the smoke test) exactly these are
+    skipped and the memory figures are None, never a stand-in number."""
+
+    def __init__(self, kind):
+        self.type, self.cuda = kind, kind == "cuda"
+        self.backend = "nccl" if self.cuda else "gloo"
+
+    def select(self):
+        if self.cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+
+    def synchronize(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def reset_peak(self):
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_gib(self):
+        return torch.cuda.max_memory_allocated() / GIB if self.cuda else None
+
+    def total_gib(self):
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB if self.cuda else None
+
+    def name(self):
+        return torch.cuda.get_device_name() if self.cuda else "cpu"
+
+    def release(self):
+        """Return what the freed tensors held (call where no frame still refers to them)."""
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+
+def peak_tflops(device):
+    name = device.name()
+    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None), name
+
+
+def run_bounded(cmd, timeout, env=None):
+    """(returncode or None when it ran past `timeout` s, stdout, stderr). The command runs in its own
+    process group, killed as a whole at the timeout: a hung test's torchrun children must not keep
+    the GPU (and its memory) busy under the workers that follow."""
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            return proc.returncode, out, err
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            return None, out, err
 
 
 def run_gpu_tests(out_dir):
     xml = os.path.join(out_dir, "gpu_tests.xml")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q", f"--junitxml={xml}"],
-                       cwd=ROOT, capture_output=True, text=True)
-    return {"returncode": r.returncode, "summary": (r.stdout.strip().splitlines() or [""])[-1],
-            "output_tail": r.stdout[-3000:] + r.stderr[-2000:]}
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", "-q",
+           f"--junitxml={xml}"]
+    start = time.perf_counter()
+    code, out, err = run_bounded(cmd, TESTS_TIMEOUT_S)
+    summary = f"timed out after {TESTS_TIMEOUT_S} s" if code is None else (out.strip().splitlines() or [""])[-1]
+    return {"returncode": code, "summary": summary, "seconds": round(time.perf_counter() - start, 1),
+            "output_tail": out[-3000:] + err[-2000:]}
 
 
-def peak_tflops():
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None), name
+def check_config(size_name, opt, batch):
+    from train.config import load_config
+
+    return load_config(os.path.join(ROOT, "configs", "robotwin.yaml"),
+                       [f"model.size={size_name}", f"training.optimizer={opt}", "dataset.cache_dir=/cache",
+                        f"training.batch_size={batch}",
+                        "training.ema.enabled=false"])  # engine_for builds no EMA: keep it out of the prediction
 
 
-def engine_for(cfg):
+def prediction(cfg):
+    """The memory model's parts, unrounded, for one GPU under ZeRO-2: static bytes, bytes per sample
+    {checkpointing: kept + working set}, the optimizer step's fp32 gradient copy, and the parameter
+    counts (models/summary.py; its `predict_peak` gives the same figure rounded)."""
+    from models.summary import (activation_memory, budget, count_components, muon_parameters, static_memory,
+                                step_transient)
+
+    counts, fake, size = count_components(cfg)
+    trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
+    frozen = budget(cfg, counts, fake, size, gpus=1, gpu_memory=1.0)["frozen_on_gpu"]  # [] from a latent cache
+    muon = muon_parameters(cfg, fake)
+    static = static_memory(counts, trainable, muon, frozen, cfg.model.precision, 1, cfg.training.ema.enabled)["zero2"]
+    per_sample = {c: a["kept"] + a["working_set"] for c, a in activation_memory(cfg, size).items()}
+    return sum(static.values()), per_sample, step_transient(trainable, cfg.model.precision, 1, 2, muon), counts
+
+
+def engine_for(cfg, device):
     import deepspeed
 
     from models.build import size_table_model
     from models.sizes import get_size
     from optim import build_optimizer
     from train.engine import load_deepspeed_config
+    from train.speed import set_backend_flags
 
+    set_backend_flags(cfg.system.speed)  # tf32 / cuDNN as training sets them (compile stays off: robotwin.yaml)
     size = get_size(cfg.model.size)
-    with torch.device("cuda"):
+    with torch.device(device.type):
         model = size_table_model(cfg)
-    optimizer = build_optimizer(model.named_parameters(), cfg.training, 1)
+    optimizer = build_optimizer(model.named_parameters(), cfg.training, 1, cfg.system.speed.fused_adamw)
     ds = load_deepspeed_config(os.path.join(ROOT, "configs", "zero2.json"), cfg, 1)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds)
     return engine, model, size
 
 
-def tokens_per_sample(cfg, model, size):
-    """Tokens of the joint attention per sample: video (Wan patches of the latents), action
-    ([state |] chunk | registers) and understanding (VLM features)."""
+def expert_tokens(cfg, model, size):
+    """Tokens each expert of the joint attention sees per sample: video (Wan patches of the latents),
+    action ([state |] chunk | registers) and understanding (VLM features)."""
     from models import activations
 
     inputs = activations.example_inputs(cfg, model, size, 1, device="meta")
     _, frames, h, w = inputs["video_latents"].shape[1:]
     p_t, p_h, p_w = model.video.config.patch_size
     action = cfg.common.action_chunk_size + cfg.model.action_expert.num_registers + ("state" in inputs)
-    return frames // p_t * (h // p_h) * (w // p_w) + action + inputs["vlm_features"].shape[1]
+    return {"video": frames // p_t * (h // p_h) * (w // p_w), "action": action, "und": inputs["vlm_features"].shape[1]}
 
 
-def measure(engine, model, cfg, size, batch, checkpointing, steps):
-    from models import activations
+def model_flops_per_sample(model, tokens):
+    """6 x sum(expert parameters x the tokens it processes): forward + backward of the matmuls; the
+    attention scores, the text cross-attention's keys/values and checkpointing's recompute are not
+    counted (so MFU is the usual model-flops utilisation, not hardware utilisation)."""
+    experts = {"video": model.video, "action": model.action_expert, "und": model.und_expert}
+    return 6 * sum(p.numel() * tokens[k] for k, e in experts.items() for p in e.parameters() if p.requires_grad)
 
+
+def measure(engine, model, inputs, checkpointing, steps, device):
+    """(median step seconds of `steps` timed steps, peak GiB or None, last loss) of one row."""
     model.gradient_checkpointing = checkpointing
-    inputs = activations.example_inputs(cfg, model, size, batch, device="cuda")
-    inputs["noise_seeds"] = torch.arange(batch, device="cuda")
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    device.synchronize()
+    device.reset_peak()
     times = []
-    for i in range(steps + 1):  # the first step allocates the optimizer state: not timed
+    for i in range(steps + 1):  # step 0: untimed (lazy optimizer state, kernel autotuning), inside the peak window
         start = time.perf_counter()
         out = engine(inputs)
         engine.backward(out["loss"])
         engine.step()
-        torch.cuda.synchronize()
+        device.synchronize()
         if i:
             times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2], torch.cuda.max_memory_allocated() / GIB, float(out["loss"])
+    return sorted(times)[len(times) // 2], device.peak_gib(), float(out["loss"])
 
 
-def bench_rows(size_name, opt, batches, steps):
-    """Every (checkpointing, batch) row of one size and optimizer, in this process (one engine)."""
+def bench_rows(size_name, opt, batches, steps, device, rows_path=None):
+    """Every (checkpointing, batch) row of one size and optimizer, in this process (one engine).
+    `rows_path`: rewritten after every row, so a crash keeps the rows measured before it."""
     import deepspeed
 
-    from models.summary import budget, count_components, peak, step_transient
-    from train.config import load_config
+    from models import activations
+    from models.summary import peak
 
-    tflops, _ = peak_tflops()
-    torch.cuda.set_device(0)
-    deepspeed.init_distributed("nccl")
-    cfg = load_config(os.path.join(ROOT, "configs", "robotwin.yaml"),
-                      [f"model.size={size_name}", f"training.optimizer={opt}", "dataset.cache_dir=/cache",
-                       f"training.batch_size={max(batches)}",
-                       "training.ema.enabled=false"])  # engine_for builds no EMA: keep it out of the prediction
-    counts, fake, size = count_components(cfg)
-    memory = torch.cuda.get_device_properties(0).total_memory / GIB
-    predicted = budget(cfg, counts, fake, size, gpus=1, gpu_memory=memory)
-    trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
-    static = predicted["zero2"]["static_total"] * GIB
-    transient = step_transient(trainable, cfg.model.precision, 1, 2)
-    engine, model, size = engine_for(cfg)
-    tokens = tokens_per_sample(cfg, model, size)
-    rows = []
-    for checkpointing in (False, True):
-        acts = predicted["activations_gib_per_sample"]["checkpointing" if checkpointing else "no_checkpointing"]
-        per_sample = (acts["kept"] + acts["working_set"]) * GIB
-        for batch in batches:
+    device.select()
+    deepspeed.init_distributed(device.backend)
+    cfg = check_config(size_name, opt, max(batches))
+    static, per_sample, transient, counts = prediction(cfg)
+    engine, model, size = engine_for(cfg, device)
+    tokens = expert_tokens(cfg, model, size)
+    flops = model_flops_per_sample(model, tokens)
+    tflops, _ = peak_tflops(device)
+    total_memory = device.total_gib()
+    rows, failed = [], None
+    for checkpointing in (True, False):  # ascending predicted peak: see the module docstring
+        for batch in sorted(batches):
+            predicted = peak(static, per_sample[checkpointing], batch, transient) / GIB
             row = dict(size=size_name, optimizer=opt, batch=batch, gradient_checkpointing=checkpointing,
-                       tokens_per_sample=tokens)
-            try:
-                step, mem, loss = measure(engine, model, cfg, size, batch, checkpointing, steps)
-            except torch.OutOfMemoryError:
-                row.update(error="out of memory")
-                torch.cuda.empty_cache()
+                       trainable_parameters=counts["video"] + counts["action_expert"] + counts["und_expert"],
+                       tokens_per_sample=sum(tokens.values()), expert_tokens=tokens,
+                       predicted_peak_gib=round(predicted, 3),
+                       predicted_fits=None if total_memory is None else predicted < total_memory)
+            if failed:
+                row["error"] = f"not run: {failed}"
             else:
-                flops = 6 * trainable * tokens * batch  # forward + backward of the matmuls (6 N T; no recompute)
-                row.update(step_s=round(step, 4), peak_gib=round(mem, 2), loss=round(loss, 4),
-                           tokens_per_s=round(tokens * batch / step),
-                           mfu=round(flops / step / (tflops * 1e12), 4) if tflops else None)
-            row["predicted_peak_gib"] = round(peak(static, per_sample, batch, transient) / GIB, 2)
-            if "peak_gib" in row:
-                row["measured_over_predicted"] = round(row["peak_gib"] / row["predicted_peak_gib"], 3)
+                inputs = activations.example_inputs(cfg, model, size, batch, device=device.type)
+                inputs["noise_seeds"] = torch.arange(batch, device=device.type)
+                try:
+                    step, mem, loss = measure(engine, model, inputs, checkpointing, steps, device)
+                except torch.OutOfMemoryError:
+                    row["error"] = "out of memory"
+                    failed = f"a smaller row ({'' if checkpointing else 'no '}checkpointing, batch {batch}) ran out of memory"
+                else:
+                    row.update(step_s=round(step, 4), loss=loss, tokens_per_s=round(sum(tokens.values()) * batch / step),
+                               mfu=round(flops * batch / step / (tflops * 1e12), 4) if tflops else None,
+                               peak_gib=None if mem is None else round(mem, 3),
+                               measured_over_predicted=None if mem is None else round(mem / predicted, 3))
+                del inputs
+                if failed:  # outside the except block: its traceback no longer holds the step's tensors
+                    engine.zero_grad()
+                    device.release()
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if rows_path:
+                with open(rows_path, "w") as f:
+                    json.dump(rows, f)
     return rows
 
 
 def run_worker(size_name, opt, args, rows_path):
     """One size and optimizer in a fresh process: its engine's memory is gone when it exits, so the
-    next one's peak starts from zero."""
+    next one's peak starts from zero. A world of one: the rendezvous env a launcher would set."""
     from utils.dist import free_port
 
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
+    if args.device == "cpu":  # on a GPU host too: DeepSpeed would otherwise pick CUDA and move the model there
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    # motus on one GPU peaks near 121 of an H200's 139 GiB, in tensors of up to 22 GiB (the flat fp32
+    # partition and its copies): expandable segments keep the allocator's fragmentation from turning
+    # that into an out-of-memory error. max_memory_allocated, what is compared, is the same either way.
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", size_name, opt, "--rows", rows_path,
-           "--steps", str(args.steps), "--batches", *map(str, args.batches)]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if r.returncode != 0 or not os.path.exists(rows_path):
-        return [dict(size=size_name, optimizer=opt, error=f"worker exited {r.returncode}: {r.stderr[-1500:]}")]
-    with open(rows_path) as f:
-        return json.load(f)
+           "--device", args.device, "--steps", str(args.steps), "--batches", *map(str, args.batches)]
+    if os.path.exists(rows_path):
+        os.remove(rows_path)  # never read a previous run's rows as this one's
+    code, _, err = run_bounded(cmd, WORKER_TIMEOUT_S, env)
+    error = (f"worker timed out after {WORKER_TIMEOUT_S} s: {err[-1500:]}" if code is None
+             else None if code == 0 else f"worker exited {code}: {err[-1500:]}")
+    rows = []
+    if os.path.exists(rows_path):
+        with open(rows_path) as f:
+            rows = json.load(f)
+    if error or not rows:
+        rows.append(dict(size=size_name, optimizer=opt, error=error or "worker wrote no rows"))
+    return rows
+
+
+def row_name(r):
+    if "batch" not in r:
+        return f"{r['size']} {r['optimizer']} (worker)"
+    return f"{r['size']} {r['optimizer']} batch {r['batch']} {'' if r['gradient_checkpointing'] else 'no '}checkpointing"
+
+
+def summarize(report, device):
+    """The targets: every measured peak within MEMORY_TOLERANCE of the prediction, the GPU tests
+    passed, every worker finished, the whole run within TIME_BUDGET_S (on a GPU)."""
+    rows, tests = report["rows"], report["tests"]
+    off, measured = [], 0
+    for r in rows:
+        if r.get("measured_over_predicted") is not None:
+            measured += 1
+            if abs(r["measured_over_predicted"] - 1) > MEMORY_TOLERANCE:
+                off.append(f"{row_name(r)}: measured/predicted {r['measured_over_predicted']}")
+        elif r.get("error") == "out of memory" and r.get("predicted_fits"):
+            off.append(f"{row_name(r)}: out of memory, predicted {r['predicted_peak_gib']} GiB "
+                       f"of {report['device_memory_gib']:.1f}")
+    workers = [f"{row_name(r)}: {r['error'][:300]}" for r in rows if "batch" not in r]
+    summary = {
+        "tests_passed": None if tests is None else tests["returncode"] == 0,
+        "workers_failed": workers,
+        "memory_target": f"every measured peak within {MEMORY_TOLERANCE:.0%} of predicted_peak_gib",
+        "memory_target_met": (not off) if measured or off else None,  # None: nothing measured (CPU)
+        "memory_rows_off_target": off,
+        "seconds": report["seconds"], "budget_seconds": TIME_BUDGET_S,
+        "time_target_met": report["seconds"] <= TIME_BUDGET_S if device.cuda else None,
+    }
+    summary["passed"] = (summary["tests_passed"] is not False and not workers and summary["memory_target_met"]
+                         is not False and summary["time_target_met"] is not False)
+    return summary
 
 
 def print_table(report):
@@ -156,48 +322,66 @@ def print_table(report):
             print(f"{r['size']:<6} {r['optimizer']:<10} {r['error'][:200]}")
             continue
         print(f"{r['size']:<6} {r['optimizer']:<10} {r['batch']:>2} {str(r['gradient_checkpointing']):>5} "
-              f"{r.get('step_s', 'OOM')!s:>8} {r.get('peak_gib', '-')!s:>9} {r['predicted_peak_gib']:>9} "
+              f"{r.get('step_s', r.get('error', '-'))!s:>8} {r.get('peak_gib', '-')!s:>9} {r['predicted_peak_gib']:>9} "
               f"{r.get('measured_over_predicted', '-')!s:>9} {r.get('tokens_per_s', '-')!s:>8} {r.get('mfu', '-')!s:>6}")
-    tests = report["tests"]
-    print(f"tests: {tests['summary'] if tests else 'skipped'}")
+    s, tests = report["summary"], report["tests"]
+    print(f"tests: {tests['summary'] if tests else 'not run'}")
+    print(f"memory target ({s['memory_target']}): {s['memory_target_met']}"
+          + "".join(f"\n  off: {o}" for o in s["memory_rows_off_target"]))
+    for w in s["workers_failed"]:
+        print(f"worker failed: {w}")
+    print(f"time: {s['seconds']} s of {s['budget_seconds']} s budget; passed: {s['passed']}")
 
 
-def main():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", nargs="+", default=["small", "motus"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--optimizers", nargs="+", default=["adamw", "muon_adamw"])
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per row (after one untimed)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: the smoke path (gloo, no GPU tests, memory columns null)")
     p.add_argument("--skip-tests", action="store_true")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu_check.json"))
     p.add_argument("--worker", nargs=2, metavar=("SIZE", "OPTIMIZER"), help=argparse.SUPPRESS)
     p.add_argument("--rows", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if not torch.cuda.is_available():
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps is {args.steps}; expected at least 1 timed step")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = Device(args.device)
+    if device.cuda and not torch.cuda.is_available():
         print("gpu_check: no GPU: torch.cuda.is_available() is False on this machine; run it where a CUDA "
-              "GPU and a CUDA build of torch are present", file=sys.stderr)
+              "GPU and a CUDA build of torch are present (or pass --device cpu for the smoke path)", file=sys.stderr)
         return 2
     if args.worker:
-        rows = bench_rows(*args.worker, args.batches, args.steps)
-        with open(args.rows, "w") as f:
-            json.dump(rows, f)
+        bench_rows(*args.worker, args.batches, args.steps, device, args.rows)
         return 0
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
-    report = {"device": peak_tflops()[1], "bf16_peak_tflops": peak_tflops()[0],
-              "tests": None if args.skip_tests else run_gpu_tests(out_dir), "rows": []}
+    tflops, name = peak_tflops(device)
+    if device.cuda and not args.skip_tests:
+        print("gpu_check: running the GPU tests (pytest -m gpu tests/test_gpu.py) ...", flush=True)
+    report = {"device": name, "device_memory_gib": device.total_gib(), "bf16_peak_tflops": tflops,
+              "tests": None if args.skip_tests or not device.cuda else run_gpu_tests(out_dir), "rows": []}
+    if report["tests"]:
+        print(f"gpu_check: GPU tests: {report['tests']['summary']} ({report['tests']['seconds']} s)", flush=True)
     for size_name in args.sizes:
         for opt in args.optimizers:
+            print(f"gpu_check: {size_name} {opt} ...", flush=True)
             report["rows"] += run_worker(size_name, opt, args, os.path.join(out_dir, f"gpu_check_{size_name}_{opt}.json"))
     report["seconds"] = round(time.perf_counter() - start, 1)
+    report["summary"] = summarize(report, device)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print_table(report)
-    print(f"{report['seconds']} s; wrote {args.out}")
-    failed = (report["tests"] and report["tests"]["returncode"] != 0) or any("error" in r and "batch" not in r
-                                                                             for r in report["rows"])
-    return 1 if failed else 0
+    print(f"wrote {args.out}")
+    return 0 if report["summary"]["passed"] else 1
 
 
 if __name__ == "__main__":

@@ -118,10 +118,20 @@ def activation_memory(cfg, size):
             for c, a in activations.per_sample(cfg, size).items()}
 
 
-def step_transient(trainable, precision, gpus, stage):
-    """DeepSpeed's bf16 optimizer converts each rank's gradient partition to fp32 for the update: 4
-    bytes per trainable parameter / W, alive at the step, when the activations are already freed."""
-    return 4 * trainable / (gpus if stage >= 1 else 1) if precision == "bf16_mixed" else 0
+# Bytes per parameter of a param group alive during its optimizer step (step_transient).
+STEP_GROUP_BYTES = {"adamw": 2 + 4, "muon": 4 + 4 + 2}
+
+
+def step_transient(trainable, precision, gpus, stage, muon=0):
+    """Bytes per GPU alive at the optimizer step only, when the activations are already freed.
+    DeepSpeed's bf16 ZeRO step runs one param group at a time: the group's bf16 gradient partition is
+    flattened (a 2-byte copy) into fp32 (4 bytes) for the update; MuonAdamW's Muon group (`muon`
+    parameters) then also holds its Nesterov update (fp32, 4) and every orthogonalised matrix (bf16,
+    2) until it applies them (optim/partitioned.owner_step). benchmarks/step_memory_cpu.py measures it."""
+    if precision != "bf16_mixed":
+        return 0
+    return max(STEP_GROUP_BYTES["adamw"] * (trainable - muon), STEP_GROUP_BYTES["muon"] * muon) / (
+        gpus if stage >= 1 else 1)
 
 
 def peak(static_bytes, per_sample, batch, transient):
@@ -140,8 +150,8 @@ def budget(cfg, counts, model, size, gpus, gpu_memory):
     trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
     provided = provided_inputs(cfg)
     frozen_on_gpu = [k for k, produced in FROZEN_OUTPUTS.items() if produced not in provided]
-    static = static_memory(counts, trainable, muon_parameters(cfg, model), frozen_on_gpu, cfg.model.precision, gpus,
-                           cfg.training.ema.enabled)
+    muon = muon_parameters(cfg, model)
+    static = static_memory(counts, trainable, muon, frozen_on_gpu, cfg.model.precision, gpus, cfg.training.ema.enabled)
     acts = activation_memory(cfg, size)
     usable = FRAGMENTATION * gpu_memory * GIB - RESERVED_GIB * GIB
     batch = cfg.training.batch_size
@@ -150,9 +160,9 @@ def budget(cfg, counts, model, size, gpus, gpu_memory):
                                           for c, a in acts.items()}}
     for stage, parts in static.items():
         total = sum(parts.values())
-        transient = step_transient(trainable, cfg.model.precision, gpus, int(stage[-1]))
+        transient = step_transient(trainable, cfg.model.precision, gpus, int(stage[-1]), muon)
         row = {k: gib(v) for k, v in parts.items()}
-        row.update(static_total=gib(total), step_fp32_gradients=gib(transient))
+        row.update(static_total=gib(total), step_transient=gib(transient))
         for c, a in acts.items():
             name = "checkpointing" if c else "no_checkpointing"
             per_sample = a["kept"] + a["working_set"]
@@ -172,10 +182,12 @@ def predict_peak(cfg, batch, checkpointing, gpus=1):
     counts, model, size = count_components(cfg)
     trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
     frozen = [k for k, produced in FROZEN_OUTPUTS.items() if produced not in provided_inputs(cfg)]
-    static = sum(static_memory(counts, trainable, muon_parameters(cfg, model), frozen, cfg.model.precision,
-                               gpus, cfg.training.ema.enabled)["zero2"].values())
+    muon = muon_parameters(cfg, model)
+    static = sum(static_memory(counts, trainable, muon, frozen, cfg.model.precision, gpus,
+                               cfg.training.ema.enabled)["zero2"].values())
     a = activation_memory(cfg, size)[checkpointing]
-    return gib(peak(static, a["kept"] + a["working_set"], batch, step_transient(trainable, cfg.model.precision, gpus, 2)))
+    return gib(peak(static, a["kept"] + a["working_set"], batch,
+                    step_transient(trainable, cfg.model.precision, gpus, 2, muon)))
 
 
 def summarize(cfg, gpus, gpu_memory=80.0):

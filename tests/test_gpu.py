@@ -3,11 +3,12 @@ CPU test can reach. `bash scripts/gpu_check.sh` runs them and writes their outco
 import json
 import os
 import sys
+import time
 
 import pytest
 import torch
 
-from tests.helpers import losses, metrics, run_dir, sh, train
+from tests.helpers import ROOT, losses, metrics, run_dir, sh, train
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16 = ["model.precision=bf16_mixed", "training.batch_size=2", "training.muon.ns_dtype=bfloat16"]
@@ -27,13 +28,27 @@ def test_one_process_nccl_zero2_bf16_trains_the_tiny_recipe(tmp_path, optimizer)
     assert os.path.isdir(os.path.join(run_dir(tmp_path, optimizer), "checkpoint_step_6"))
 
 
+def deterministic_train_script(tmp_path):
+    """train/train.py under torch.use_deterministic_algorithms(True): without it the CUDA backward of
+    SDPA's flash / memory-efficient kernels accumulates with atomics, so two runs of the same step
+    differ in the last bits (a resume could then not be bit-identical however exact the state)."""
+    script = os.path.join(ROOT, "train", "train.py")
+    path = tmp_path / "deterministic_train.py"
+    path.write_text("import runpy, sys, torch\ntorch.use_deterministic_algorithms(True)\n"
+                    f"sys.argv[0] = {script!r}\nrunpy.run_path({script!r}, run_name='__main__')\n")
+    return str(path)
+
+
 @pytest.mark.gpu
 @needs_gpu
 def test_bf16_resume_is_bit_identical_on_one_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS reductions
-    train(tmp_path, 1, "full", BF16)
+    # cuDNN's autotuner may pick another convolution algorithm (other bits) in each process
+    exact = BF16 + ["system.speed.cudnn_benchmark=false"]
+    script = deterministic_train_script(tmp_path)
+    train(tmp_path, 1, "full", exact, script=script)
     ckpt = os.path.join(run_dir(tmp_path, "full"), "checkpoint_step_3")
-    train(tmp_path, 1, "resumed", BF16 + [f"resume.checkpoint_path={ckpt}"])
+    train(tmp_path, 1, "resumed", exact + [f"resume.checkpoint_path={ckpt}"], script=script)
     rewound = [p for p in os.listdir(run_dir(tmp_path, "full")) if "rewound" in p]
     assert rewound, "the first pass's records after step 3 are kept aside"
     with open(os.path.join(run_dir(tmp_path, "full"), rewound[0])) as f:
@@ -83,6 +98,96 @@ def test_gpu_check_says_no_gpu_on_a_cpu_machine(tmp_path):
     r = sh("bash", "scripts/gpu_check.sh", "--out", str(out), env={**os.environ, "PYTHON": sys.executable})
     assert r.returncode == 2, r.stdout + r.stderr
     assert "gpu_check: no GPU" in r.stderr and not out.exists()
+
+
+def test_gpu_check_worker_path_runs_on_cpu(tmp_path, capsys):
+    """The GPU check's whole path (main -> run_worker -> bench_rows -> engine_for -> measure) on the
+    CPU: gloo, the tiny size at the robotwin shapes, both optimizers, 1 timed step. Only the CUDA
+    calls of its Device are skipped, so the memory columns are null, never stand-ins."""
+    from benchmarks import gpu_check
+    from models.build import vae_compression
+    from models.sizes import get_size
+    from models.summary import predict_peak
+
+    out = tmp_path / "gpu_check.json"
+    code = gpu_check.main(["--device", "cpu", "--sizes", "tiny", "--batches", "1", "2", "--steps", "1",
+                           "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0, capsys.readouterr().out + json.dumps(report["rows"], indent=1)
+    rows = report["rows"]
+    assert [(r["optimizer"], r["gradient_checkpointing"], r["batch"]) for r in rows] == [
+        (o, c, b) for o in ("adamw", "muon_adamw") for c in (True, False) for b in (1, 2)]
+    # an independent count of the tokens per sample from the config: Wan's 2x2 patches of the latents,
+    # [state | chunk | registers], the VLM's merged image cells of one frame plus the prompt
+    cfg = gpu_check.check_config("tiny", "adamw", 2)
+    size, c = get_size("tiny"), cfg.common
+    temporal, spatial = vae_compression(size.vae)
+    video = (1 + c.num_video_frames // temporal) * (c.video_height // spatial // 2) * (c.video_width // spatial // 2)
+    cell = size.vlm_vision["patch_size"] * size.vlm_vision["spatial_merge_size"]
+    und = -(-c.video_height // cell) * -(-c.video_width // cell) + 40
+    action = c.action_chunk_size + cfg.model.action_expert.num_registers + 1  # finetune: the state token
+    for r in rows:
+        assert r["expert_tokens"] == {"video": video, "action": action, "und": und}, r
+        assert r["tokens_per_sample"] == video + action + und
+        assert torch.isfinite(torch.tensor(r["loss"])) and r["step_s"] > 0
+        # step_s is rounded to 0.1 ms in the row, tokens_per_s comes from the unrounded time
+        assert r["tokens_per_s"] == pytest.approx(r["tokens_per_sample"] * r["batch"] / r["step_s"], rel=1e-3, abs=1)
+        assert r["peak_gib"] is None and r["measured_over_predicted"] is None and r["mfu"] is None
+        # the check's prediction is the memory model's own (summary.predict_peak rounds to 0.01 GiB)
+        expected = predict_peak(gpu_check.check_config("tiny", r["optimizer"], 2), r["batch"], r["gradient_checkpointing"])
+        assert r["predicted_peak_gib"] > 0 and abs(r["predicted_peak_gib"] - expected) <= 0.005 + 1e-9, (r, expected)
+    s = report["summary"]
+    assert s["workers_failed"] == [] and s["memory_target_met"] is None and s["tests_passed"] is None
+    assert s["passed"] is True
+
+
+def test_gpu_check_summary_names_the_rows_off_target():
+    """The targets of the report: a measured peak more than 10% off, a predicted-to-fit row out of
+    memory, a failed worker or GPU test, or the time budget each make the check fail."""
+    from benchmarks.gpu_check import Device, summarize
+
+    def row(ratio=None, **kw):
+        return dict(size="motus", optimizer="adamw", batch=4, gradient_checkpointing=False, predicted_peak_gib=100.0,
+                    measured_over_predicted=ratio, **kw)
+
+    gpu = Device("cuda")
+    base = {"tests": {"returncode": 0}, "seconds": 400.0, "device_memory_gib": 139.8}
+    ok = summarize({**base, "rows": [row(1.04), row(0.93)]}, gpu)
+    assert ok["memory_target_met"] is True and ok["passed"] is True and ok["time_target_met"] is True
+    off = summarize({**base, "rows": [row(1.04), row(1.11)]}, gpu)
+    assert off["passed"] is False and off["memory_rows_off_target"] == [
+        "motus adamw batch 4 no checkpointing: measured/predicted 1.11"]
+    oom = summarize({**base, "rows": [row(error="out of memory", predicted_fits=True)]}, gpu)
+    assert oom["memory_target_met"] is False and "out of memory" in oom["memory_rows_off_target"][0]
+    expected_oom = summarize({**base, "rows": [row(1.0), row(error="out of memory", predicted_fits=False)]}, gpu)
+    assert expected_oom["passed"] is True
+    assert summarize({**base, "tests": {"returncode": 1}, "rows": [row(1.0)]}, gpu)["passed"] is False
+    assert summarize({**base, "seconds": 481.0, "rows": [row(1.0)]}, gpu)["time_target_met"] is False
+    worker = summarize({**base, "rows": [dict(size="motus", optimizer="muon_adamw", error="worker exited 1: ...")]}, gpu)
+    assert worker["passed"] is False and worker["workers_failed"][0].startswith("motus muon_adamw (worker)")
+
+
+def test_gpu_check_kills_a_hung_command_with_its_children():
+    """A GPU test that hangs is killed with the torchrun children it started (its process group),
+    so none of them keeps the GPU busy under the workers that follow."""
+    from benchmarks.gpu_check import run_bounded
+
+    code, out, _ = run_bounded(["bash", "-c", "sleep 600 & echo $!; wait"], timeout=2)
+    assert code is None
+    child = int(out.split()[0])
+
+    def running(pid):  # a killed orphan may stay a zombie (state Z) until something reaps it
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    for _ in range(100):  # the kill is delivered asynchronously: give it a moment
+        if not running(child):
+            break
+        time.sleep(0.05)
+    assert not running(child)
 
 
 def test_frozen_parts_move_to_the_device_only_when_a_batch_needs_them(tmp_path):
