@@ -161,26 +161,6 @@ def engine_for(cfg, device):
     return engine, model, size
 
 
-def expert_tokens(cfg, model, size):
-    """Tokens each expert of the joint attention sees per sample: video (Wan patches of the latents),
-    action ([state |] chunk | registers) and understanding (VLM features)."""
-    from models import activations
-
-    inputs = activations.example_inputs(cfg, model, size, 1, device="meta")
-    _, frames, h, w = inputs["video_latents"].shape[1:]
-    p_t, p_h, p_w = model.video.config.patch_size
-    action = cfg.common.action_chunk_size + cfg.model.action_expert.num_registers + ("state" in inputs)
-    return {"video": frames // p_t * (h // p_h) * (w // p_w), "action": action, "und": inputs["vlm_features"].shape[1]}
-
-
-def model_flops_per_sample(model, tokens):
-    """6 x sum(expert parameters x the tokens it processes): forward + backward of the matmuls; the
-    attention scores, the text cross-attention's keys/values and checkpointing's recompute are not
-    counted (so MFU is the usual model-flops utilisation, not hardware utilisation)."""
-    experts = {"video": model.video, "action": model.action_expert, "und": model.und_expert}
-    return 6 * sum(p.numel() * tokens[k] for k, e in experts.items() for p in e.parameters() if p.requires_grad)
-
-
 def measure(engine, model, inputs, checkpointing, steps, device):
     """(median step seconds of `steps` timed steps, peak GiB or None, last loss) of one row."""
     model.gradient_checkpointing = checkpointing
@@ -211,8 +191,8 @@ def bench_rows(size_name, opt, batches, steps, device, rows_path=None):
     cfg = check_config(size_name, opt, max(batches))
     static, per_sample, transient, counts = prediction(cfg)
     engine, model, size = engine_for(cfg, device)
-    tokens = expert_tokens(cfg, model, size)
-    flops = model_flops_per_sample(model, tokens)
+    tokens = activations.expert_tokens(cfg, model, size)
+    flops = activations.model_flops_per_sample(model, tokens)
     tflops, _ = peak_tflops(device)
     total_memory = device.total_gib()
     rows, failed = [], None

@@ -59,6 +59,24 @@ def example_inputs(cfg, model, size, batch, device="cpu"):
     return inputs
 
 
+def expert_tokens(cfg, model, size):
+    """Tokens each expert of the joint attention sees per sample: video (Wan patches of the latents),
+    action ([state |] chunk | registers) and understanding (VLM features)."""
+    inputs = example_inputs(cfg, model, size, 1, device="meta")
+    _, frames, h, w = inputs["video_latents"].shape[1:]
+    p_t, p_h, p_w = model.video.config.patch_size
+    action = cfg.common.action_chunk_size + cfg.model.action_expert.num_registers + ("state" in inputs)
+    return {"video": frames // p_t * (h // p_h) * (w // p_w), "action": action, "und": inputs["vlm_features"].shape[1]}
+
+
+def model_flops_per_sample(model, tokens):
+    """6 x sum(expert parameters x the tokens it processes): forward + backward of the matmuls; the
+    attention scores, the text cross-attention's keys/values and checkpointing's recompute are not
+    counted (so MFU is the usual model-flops utilisation, not hardware utilisation)."""
+    experts = {"video": model.video, "action": model.action_expert, "und": model.und_expert}
+    return 6 * sum(p.numel() * tokens[k] for k, e in experts.items() for p in e.parameters() if p.requires_grad)
+
+
 class _FusedAttention(torch.autograd.Function):
     """What a fused attention kernel keeps for its backward; the forward's values are not computed."""
 

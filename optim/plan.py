@@ -62,20 +62,6 @@ def zero2_step(flops_per_rank, trainable, world_size, grad_bytes, accumulation, 
     return flops_per_rank / peak_flops, comm / bandwidth
 
 
-def tokens_per_sample(cfg):
-    """Tokens each expert sees per sample: video latent patches, the action chunk, and the
-    understanding tokens (the VLM features: set by --und-tokens, they depend on the prompt)."""
-    from models.build import vae_compression
-    from models.sizes import get_size
-
-    size = get_size(cfg.model.size)
-    temporal, spatial = vae_compression(size.vae)
-    _, p_h, p_w = size.wan["patch_size"]
-    frames = 1 + cfg.common.num_video_frames // temporal
-    video = frames * (cfg.common.video_height // (spatial * p_h)) * (cfg.common.video_width // (spatial * p_w))
-    return dict(video=video, action=cfg.common.action_chunk_size)
-
-
 def build_meta_model(cfg):
     """The trainable WorldModel from the size table, on the meta device (as models/summary.py)."""
     import torch
@@ -88,13 +74,16 @@ def build_meta_model(cfg):
 
 def plan_rows(cfg, world_sizes, tflops, mfu, bandwidth_gbs, und_tokens):
     """One row per world size: the Muon plan against the predicted ZeRO-2 step (see module docstring)."""
+    from models.activations import expert_tokens, model_flops_per_sample
+    from models.sizes import get_size
+
     model = build_meta_model(cfg)
     named = list(model.named_parameters())
     trainable = sum(p.numel() for _, p in named if p.requires_grad)
-    tokens = dict(tokens_per_sample(cfg), und=und_tokens)
-    experts = {"video": model.video, "action": model.action_expert, "und": model.und_expert}
-    flops_per_sample = 6 * sum(p.numel() * tokens[k] for k in experts for p in experts[k].parameters()
-                               if p.requires_grad)
+    tokens = expert_tokens(cfg, model, get_size(cfg.model.size))  # the memory model's real shapes
+    if und_tokens is not None:
+        tokens["und"] = und_tokens
+    flops_per_sample = model_flops_per_sample(model, tokens)
     peak = tflops * 1e12 * mfu
     grad_bytes = 2 if cfg.model.precision == "bf16_mixed" else 4
     rows = []
@@ -142,7 +131,9 @@ def main():
                         "Newton-Schulz alike")
     parser.add_argument("--bandwidth-gbs", type=float, default=50.0,
                         help="GB/s per GPU for collectives (50: one 400 Gb/s NIC per GPU across nodes)")
-    parser.add_argument("--und-tokens", type=int, default=256, help="understanding (VLM feature) tokens per sample")
+    parser.add_argument("--und-tokens", type=int, default=None,
+                        help="understanding (VLM feature) tokens per sample; default: one frame's image tokens "
+                             "plus a 40-token prompt, as models/activations.py counts them")
     parser.add_argument("--out", default="benchmarks/results/muon_plan.json")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_intermixed_args()
