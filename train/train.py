@@ -207,10 +207,12 @@ def main(argv=None):
             log.warning("preempted (%s): saved step %d, exiting with %d for requeue",
                         preemption.signal, step, REQUEUE_EXIT_CODE)
             metrics.close()
+            dist.shutdown()
             sys.exit(REQUEUE_EXIT_CODE)
     metrics.close()
     if dist.is_main():
         print_summary(run_dir, cfg, state.step)
+    dist.shutdown()
 
 
 if __name__ == "__main__":

@@ -48,6 +48,14 @@ def collective_device(group=None):
     return torch.device(types[0], int(os.environ.get("LOCAL_RANK", 0)))
 
 
+def shutdown():
+    """Destroy the process group before the interpreter exits. Left to the interpreter's teardown,
+    a group's threads can abort the process after its work is done ("terminate called without an
+    active exception" under gloo), and NCCL warns that it was never destroyed."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def barrier():
     if dist.is_initialized():
         dist.barrier()
