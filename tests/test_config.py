@@ -168,6 +168,19 @@ def test_overrides_of_text_keys_keep_the_text(text, value):
     assert cfg.training.max_steps == 16 and cfg.system.speed.tf32 is False
 
 
+def test_a_yaml_boolean_for_a_text_key_is_refused_naming_the_key(tmp_path):
+    """`run_name: off` in a file is YAML's false: refused with the file, the key and the fix; quoted, it
+    is the text; a boolean key still reads off as false."""
+    path = tmp_path / "run.yaml"
+    path.write_text("logging:\n  run_name: off\nsystem:\n  speed:\n    tf32: off\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: 'logging.run_name' is text but YAML reads its "
+                                                    "value as the boolean False")):
+        load_config(str(path))
+    path.write_text("logging:\n  run_name: 'off'\nsystem:\n  speed:\n    tf32: off\n")
+    cfg = load_config(str(path))
+    assert cfg.logging.run_name == "off" and cfg.system.speed.tf32 is False
+
+
 def test_null_for_a_required_text_key_is_refused():
     with pytest.raises(ConfigError, match="system.checkpoint_dir"):
         load_config("configs/tiny.yaml", ["system.checkpoint_dir=null"])

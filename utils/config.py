@@ -112,9 +112,23 @@ def read_yaml(path):
     return data
 
 
+def check_text_values(schema, data, path, prefix=""):
+    """A text key of `schema` that the YAML file gives a boolean: YAML reads `off`, `no`, `yes`, `on`
+    as true/false, so `run_name: off` would become the text 'False'. Refused, asking for quotes."""
+    for key, value in data.items_ex(resolve=False) if OmegaConf.is_dict(data) else ():
+        full = f"{prefix}{key}"
+        if OmegaConf.is_dict(value):
+            check_text_values(schema, value, path, full + ".")
+        elif isinstance(value, bool) and is_text_key(schema, full):
+            raise ConfigError(f"{path}: '{full}' is text but YAML reads its value as the boolean {value} "
+                              f"(off/no/yes/on are booleans in YAML); quote the value, e.g. {key}: 'off'")
+
+
 def load_structured(schema_cls, path, overrides=()):
     """The YAML at `path` plus `overrides`, merged onto `schema_cls`'s defaults (not yet checked)."""
-    cfg = merge(OmegaConf.structured(schema_cls), read_yaml(path), path)
+    schema, data = OmegaConf.structured(schema_cls), read_yaml(path)
+    check_text_values(schema, data, path)
+    cfg = merge(schema, data, path)
     return merge(cfg, parse_overrides(overrides, cfg), "command line")
 
 
