@@ -212,7 +212,8 @@ def main(argv=None):
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--skip", type=int, default=10, help="first steps left out of the step time (compilation)")
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3, help="rounds of every variant; the speedup is the median "
+                   "over rounds (one round on a shared machine is one noisy sample)")
     p.add_argument("--only", nargs="+", default=None, help="run these variants only (off is always run)")
     p.add_argument("--set", nargs="+", default=[], help="key=value overrides for every variant")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per run")
