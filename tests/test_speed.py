@@ -142,3 +142,25 @@ def test_ddp_kwargs_reach_accelerate():
     assert speed.ddp_kwargs(cfg.system.speed).to_kwargs() == {"bucket_cap_mb": 1000, "static_graph": True}
     default = speed.ddp_kwargs(load_config("configs/tiny.yaml", ["system.speed.static_graph=false"]).system.speed)
     assert default.to_kwargs() == {}  # torch's own defaults (25 MB buckets, no static graph)
+
+
+def test_step_time_benchmark_plans_each_switch_alone_and_takes_the_median_of_round_ratios():
+    """benchmarks/step_time.py: every variant sets every switch (off unless it is the variant's), and a
+    variant's speedup is the median over rounds of all-off's median step time over its own."""
+    from benchmarks import step_time
+
+    plan = step_time.variants(["compile", "fused_adamw"])
+    assert list(plan) == ["off", "compile", "fused_adamw", "all"]
+    assert all(set(v) == set(step_time.OFF) for v in plan.values())
+    assert plan["compile"] == {**step_time.OFF, "compile": True}
+    assert plan["all"] == {**step_time.OFF, "compile": True, "fused_adamw": True}
+
+    def run(times, loss=2.0):  # records of one run: step 1 (compilation) is skipped
+        return [{"step": i + 1, "step_time": t, "loss": loss} for i, t in enumerate(times)], 10.0
+
+    rounds = {"off": [run([9.0, 1.0, 1.0, 1.0]), run([9.0, 2.0, 2.0, 2.0]), run([9.0, 1.0, 1.0, 1.0])],
+              "all": [run([9.0, 0.5, 0.5, 0.5]), run([9.0, 2.0, 2.0, 2.0]), run([9.0, 0.25, 0.25, 0.25], loss=2.2)]}
+    table = step_time.summarise(rounds, skip=1, steps=4)
+    assert table["all"]["round_speedup"] == [2.0, 1.0, 4.0] and table["all"]["speedup"] == 2.0
+    assert table["off"]["speedup"] == 1.0
+    assert table["all"]["loss_diff_%"] == pytest.approx(100 * (2.0667 - 2.0) / 2.0, abs=0.01)
