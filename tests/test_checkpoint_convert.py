@@ -285,3 +285,9 @@ def test_missing_layout_is_a_clear_error(tmp_path):
 
 if __name__ == "__main__":  # one rank of a launch (PYTHONPATH is the repository)
     worker(sys.argv[1], sys.argv[2], sys.argv[3].split(","))
+    # Every result is on disk and the process group destroyed. A rank of this worker (five DeepSpeed
+    # engines in one process) has aborted in the interpreter's teardown after that ("terminate called
+    # without an active exception", 2 of 4 fresh-clone CI runs, cause not found), which the fixture
+    # would report as a resharding failure: end without the teardown.
+    sys.stdout.flush()
+    os._exit(0)
