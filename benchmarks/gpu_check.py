@@ -126,22 +126,6 @@ def check_config(size_name, opt, batch):
                         "training.ema.enabled=false"])  # engine_for builds no EMA: keep it out of the prediction
 
 
-def prediction(cfg):
-    """The memory model's parts, unrounded, for one GPU under ZeRO-2: static bytes, bytes per sample
-    {checkpointing: kept + working set}, the optimizer step's fp32 gradient copy, and the parameter
-    counts (models/summary.py; its `predict_peak` gives the same figure rounded)."""
-    from models.summary import (activation_memory, budget, count_components, muon_parameters, static_memory,
-                                step_transient)
-
-    counts, fake, size = count_components(cfg)
-    trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
-    frozen = budget(cfg, counts, fake, size, gpus=1, gpu_memory=1.0)["frozen_on_gpu"]  # [] from a latent cache
-    muon = muon_parameters(cfg, fake)
-    static = static_memory(counts, trainable, muon, frozen, cfg.model.precision, 1, cfg.training.ema.enabled)["zero2"]
-    per_sample = {c: a["kept"] + a["working_set"] for c, a in activation_memory(cfg, size).items()}
-    return sum(static.values()), per_sample, step_transient(trainable, cfg.model.precision, 1, 2, muon), counts
-
-
 def engine_for(cfg, device):
     import deepspeed
 
@@ -184,12 +168,12 @@ def bench_rows(size_name, opt, batches, steps, device, rows_path=None):
     import deepspeed
 
     from models import activations
-    from models.summary import peak
+    from models.summary import peak, zero2_prediction
 
     device.select()
     deepspeed.init_distributed(device.backend)
     cfg = check_config(size_name, opt, max(batches))
-    static, per_sample, transient, counts = prediction(cfg)
+    static, per_sample, transient, counts = zero2_prediction(cfg)
     engine, model, size = engine_for(cfg, device)
     tokens = activations.expert_tokens(cfg, model, size)
     flops = activations.model_flops_per_sample(model, tokens)

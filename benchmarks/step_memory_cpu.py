@@ -81,10 +81,10 @@ def measure_row(engine, model, cfg, size, batch, checkpointing, steps):
 
 
 def rows_for(size_name, opt, batches, steps):
-    from models.summary import peak
+    from models.summary import peak, zero2_prediction
 
     cfg = gpu_check.check_config(size_name, opt, max(batches))
-    static, per_sample, transient, _ = gpu_check.prediction(cfg)
+    static, per_sample, transient, _ = zero2_prediction(cfg)
     gc.collect()
     base = bytes_in_use()
     engine, model, size = gpu_check.engine_for(cfg, gpu_check.Device("cpu"))

@@ -81,6 +81,12 @@ def muon_parameters(cfg, model):
     return sum(p.numel() for _, p in muon)
 
 
+def frozen_parts_on_gpu(cfg):
+    """The frozen parts a training step needs on the GPU: those whose outputs the data does not provide."""
+    provided = provided_inputs(cfg)
+    return [k for k, produced in FROZEN_OUTPUTS.items() if produced not in provided]
+
+
 def frozen_bytes(precision):
     """Bytes per frozen parameter: the parts are loaded in their compute dtype (models/build.py)."""
     return 4 if precision == "fp32" else 2
@@ -148,8 +154,7 @@ def budget(cfg, counts, model, size, gpus, gpu_memory):
     """The whole per-GPU budget: static parts, activations per sample, peak at the config's batch and
     the largest batch that fits, for every ZeRO stage and both checkpointing settings."""
     trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
-    provided = provided_inputs(cfg)
-    frozen_on_gpu = [k for k, produced in FROZEN_OUTPUTS.items() if produced not in provided]
+    frozen_on_gpu = frozen_parts_on_gpu(cfg)
     muon = muon_parameters(cfg, model)
     static = static_memory(counts, trainable, muon, frozen_on_gpu, cfg.model.precision, gpus, cfg.training.ema.enabled)
     acts = activation_memory(cfg, size)
@@ -176,18 +181,23 @@ def gib(n):
     return round(n / GIB, 2)
 
 
+def zero2_prediction(cfg, gpus=1):
+    """The ZeRO-2 memory model's parts per GPU, unrounded: (static bytes, bytes per sample
+    {checkpointing: kept + working set}, the optimizer step's transient bytes, parameter counts)."""
+    counts, model, size = count_components(cfg)
+    trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
+    muon = muon_parameters(cfg, model)
+    static = sum(static_memory(counts, trainable, muon, frozen_parts_on_gpu(cfg), cfg.model.precision, gpus,
+                               cfg.training.ema.enabled)["zero2"].values())
+    per_sample = {c: a["kept"] + a["working_set"] for c, a in activation_memory(cfg, size).items()}
+    return static, per_sample, step_transient(trainable, cfg.model.precision, gpus, 2, muon), counts
+
+
 def predict_peak(cfg, batch, checkpointing, gpus=1):
     """Predicted torch.cuda.max_memory_allocated of one training step (ZeRO-2), in GiB: what the GPU
     check prints beside each measured figure."""
-    counts, model, size = count_components(cfg)
-    trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
-    frozen = [k for k, produced in FROZEN_OUTPUTS.items() if produced not in provided_inputs(cfg)]
-    muon = muon_parameters(cfg, model)
-    static = sum(static_memory(counts, trainable, muon, frozen, cfg.model.precision, gpus,
-                               cfg.training.ema.enabled)["zero2"].values())
-    a = activation_memory(cfg, size)[checkpointing]
-    return gib(peak(static, a["kept"] + a["working_set"], batch,
-                    step_transient(trainable, cfg.model.precision, gpus, 2, muon)))
+    static, per_sample, transient, _ = zero2_prediction(cfg, gpus)
+    return gib(peak(static, per_sample[checkpointing], batch, transient))
 
 
 def summarize(cfg, gpus, gpu_memory=80.0):
