@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from models import tiny_assets
-from models.encoders import FrozenEncoders
+from models.encoders import FROZEN_OUTPUTS, PART_NAMES, FrozenEncoders
 from models.loading import (load_part, load_text_encoder, load_tokenizer_or_processor, load_wan_transformer,
                             load_wan_vae, read_part_config, text_encoder_config, wan_transformer_config,
                             wan_vae_config)
@@ -26,10 +26,7 @@ from models.world_model import WorldModel
 
 log = logging.getLogger(__name__)
 
-# Which frozen part produces which model input; a latent cache holds all three (data/cache.py).
-FROZEN_OUTPUTS = {"vae": "video_latents", "text_encoder": "text_embeds", "vlm": "vlm_features"}
 ALL_FROZEN_PARTS = tuple(FROZEN_OUTPUTS)
-PART_NAMES = {"vae": "the VAE", "text_encoder": "the umT5 text encoder", "vlm": "Qwen3-VL"}
 OUTPUT_NAMES = {"video_latents": "video latents", "text_embeds": "text embeddings", "vlm_features": "VLM features"}
 CACHED_INPUTS = frozenset(FROZEN_OUTPUTS.values())
 

@@ -22,9 +22,10 @@ log = logging.getLogger(__name__)
 
 TEXT_CACHE_SIZE = 1024  # instructions are few per dataset; each entry is [text_len, text_dim]
 CPU = torch.device("cpu")
-PART_NAMES = ("vae", "text_encoder", "vlm")
-# what the batch lacks when a part is asked for, and the part, in the words of MissingFrozenPart
-NEEDED_FOR = {"text_encoder": ("text_embeds", "the umT5 text encoder"), "vlm": ("vlm_features", "Qwen3-VL")}
+# Which frozen part produces which model input; a latent cache holds all three (data/cache.py).
+FROZEN_OUTPUTS = {"vae": "video_latents", "text_encoder": "text_embeds", "vlm": "vlm_features"}
+PART_NAMES = {"vae": "the VAE", "text_encoder": "the umT5 text encoder", "vlm": "Qwen3-VL"}
+OPTIONAL_PARTS = ("text_encoder", "vlm")  # the VAE is always built (models/build.py)
 
 
 class MissingFrozenPart(RuntimeError):
@@ -52,7 +53,7 @@ class FrozenEncoders:
 
     def parts(self):
         """{name: module} of the parts that were built."""
-        return {n: m for n, m in zip(PART_NAMES, (self.vae, self.text_encoder, self.vlm)) if m is not None}
+        return {n: getattr(self, n) for n in FROZEN_OUTPUTS if getattr(self, n) is not None}
 
     def modules(self):
         return list(self.parts().values())
@@ -60,7 +61,7 @@ class FrozenEncoders:
     def _require(self, name):
         module = getattr(self, name)
         if module is None:
-            key, what = NEEDED_FOR[name]
+            key, what = FROZEN_OUTPUTS[name], PART_NAMES[name]
             why = self.skipped.get(name, "it was not built")
             raise MissingFrozenPart(
                 f"the batch has no {key} but {what} was not loaded because {why}; a batch from the latent "
@@ -191,8 +192,8 @@ class FrozenEncoders:
         """Raw batch -> model inputs; cached keys (video_latents, text_embeds, vlm_features) pass through
         where they are (the caller has moved the batch to the device), and so do the other keys."""
         inputs = dict(batch)
-        for name, (key, _) in NEEDED_FOR.items():  # before any part computes
-            if key not in inputs:
+        for name in OPTIONAL_PARTS:  # before any part computes
+            if FROZEN_OUTPUTS[name] not in inputs:
                 self._require(name)
         if "video_latents" not in inputs:
             inputs["video_latents"] = self.encode_video(inputs.pop("video"))
