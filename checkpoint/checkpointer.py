@@ -179,27 +179,32 @@ def newest_verified(run_dir):
     return None
 
 
-def resolve_resume_path(path, run_dir):
+def resolve_resume_path(path, run_dir, key="resume.checkpoint_path"):
     """Collective. `auto` -> newest verified checkpoint of this run (None if there is none); a run
-    folder -> its newest verified checkpoint; a checkpoint folder -> itself, if complete and whole."""
+    folder -> its newest verified checkpoint; a checkpoint folder -> itself, if complete and whole.
+    `key` names where the path came from in the errors (inference passes --checkpoint)."""
     if path is None:
         return None
     if path == "auto":
         return newest_verified(run_dir)
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"resume.checkpoint_path '{path}' does not exist")
+        raise FileNotFoundError(f"{key} '{path}' does not exist")
     if _step_of(path) is None:
-        found = newest_verified(path)
+        try:
+            found = newest_verified(path)
+        except CheckpointCorrupt as e:
+            raise CheckpointCorrupt(f"{key} '{path}': {e}") from None
         if found is None:
-            raise FileNotFoundError(f"resume.checkpoint_path '{path}' holds no complete {PREFIX}N folder")
+            raise FileNotFoundError(f"{key} '{path}' holds no complete {PREFIX}N folder (no {MARKER} marker in "
+                                    "any: their saves were interrupted)")
         return found
     if not is_complete(path):
-        raise FileNotFoundError(f"resume.checkpoint_path '{path}' is not a complete checkpoint "
-                                f"(no {MARKER} marker: its save was interrupted); pick an older one or use auto")
+        raise FileNotFoundError(f"{key} '{path}' has no {MARKER} marker: its save was interrupted; pick an "
+                                "older checkpoint, or its run folder (or auto) for the newest one that is whole")
     problems = verify_together(path)
     if problems:
-        raise CheckpointCorrupt(f"resume.checkpoint_path '{path}' fails verification: {'; '.join(problems)}; "
-                                "pick an older checkpoint, or use auto to take the newest one that is whole")
+        raise CheckpointCorrupt(f"{key} '{path}' fails verification: {'; '.join(problems)}; pick an older "
+                                "checkpoint, or its run folder (or auto) for the newest one that is whole")
     return path
 
 

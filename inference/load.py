@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import OmegaConf
 
-from checkpoint.checkpointer import MARKER, PREFIX, is_complete, newest_verified, verify_together
+from checkpoint.checkpointer import PREFIX, resolve_resume_path
 from checkpoint.export import CONFIG_YAML, NORM_STATS, model_spec_from_config
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, inference_weights
 from checkpoint.manifest import CheckpointCorrupt
@@ -60,44 +60,24 @@ def config_hash(cfg):
 
 def resolve_checkpoint(path):
     """A run folder -> its newest complete checkpoint that passes verification, by the rule
-    `resume.checkpoint_path=auto` follows; a checkpoint folder -> itself, if complete and whole; an
-    exported folder -> itself."""
+    `resume.checkpoint_path=auto` follows (checkpoint.checkpointer.resolve_resume_path); a
+    checkpoint folder -> itself, if complete and whole; an exported folder -> itself."""
     if not os.path.isdir(path):
         raise CheckpointError(f"--checkpoint '{path}' is not a folder; expected a {PREFIX}N folder, a run "
                               "folder or an exported folder")
-    if os.path.basename(os.path.normpath(path)).startswith(PREFIX):
-        return _checked_checkpoint(path)
-    if os.path.isfile(os.path.join(path, CONFIG_NAME)):
+    is_checkpoint = os.path.basename(os.path.normpath(path)).startswith(PREFIX)
+    if not is_checkpoint and os.path.isfile(os.path.join(path, CONFIG_NAME)):
         return path
-    if not glob.glob(os.path.join(path, PREFIX + "*")):
+    if not is_checkpoint and not glob.glob(os.path.join(path, PREFIX + "*")):
         raise CheckpointError(f"--checkpoint '{path}' is neither a {PREFIX}N folder, a run folder (holding "
                               f"{PREFIX}N folders) nor an exported folder (with {CONFIG_NAME})")
     try:
-        found = newest_verified(path)  # skipped (damaged) ones are reported loudly
-    except CheckpointCorrupt as e:
-        raise CheckpointError(f"--checkpoint '{path}': {e}") from None
-    if found is None:
-        raise CheckpointError(f"--checkpoint '{path}' holds no complete {PREFIX}N folder (no {MARKER} "
-                              "marker in any: their saves were interrupted)")
-    return _with_config(found)
-
-
-def _checked_checkpoint(path):
-    """A checkpoint folder named by hand: complete and whole, or a CheckpointError saying why."""
-    if not is_complete(path):
-        raise CheckpointError(f"'{path}' has no {MARKER} marker: its save was interrupted; pick a complete "
-                              "checkpoint, or its run folder for the newest one that is whole")
-    problems = verify_together(path)
-    if problems:
-        raise CheckpointError(f"'{path}' fails verification: {'; '.join(problems)}; pick an older checkpoint, "
-                              "or its run folder for the newest one that is whole")
-    return _with_config(path)
-
-
-def _with_config(path):
-    if not os.path.isfile(os.path.join(path, CONFIG_YAML)):
-        raise CheckpointError(f"'{path}' has no {CONFIG_YAML}; expected a folder written by train/train.py")
-    return path
+        found = resolve_resume_path(path, None, key="--checkpoint")  # damaged ones skipped loudly
+    except (FileNotFoundError, CheckpointCorrupt) as e:
+        raise CheckpointError(str(e)) from None
+    if not os.path.isfile(os.path.join(found, CONFIG_YAML)):
+        raise CheckpointError(f"'{found}' has no {CONFIG_YAML}; expected a folder written by train/train.py")
+    return found
 
 
 def _exported_config(folder, overrides):
