@@ -17,8 +17,8 @@ gradients were half-reduced.
 Peak window: `reset_peak_memory_stats` before each row's first step (untimed: it allocates the
 optimizer state lazily in the first row, and the autotuned kernels' workspaces), read after its last.
 The weights, the optimizer state and ZeRO's gradient partition and buckets are resident in every
-row's window, as in the prediction (models/summary.py: static + buckets + max(activations, the fp32
-gradient copy of the optimizer step)).
+row's window, as in the prediction (models/summary.py: static + buckets + max(activations, the
+optimizer step's transient)).
 
 Writes benchmarks/results/gpu_check.json (rows + a summary of the targets), prints a table, exits 1
 when a GPU test or a worker failed, a measured peak is more than 10% off the prediction (or a row
@@ -218,10 +218,9 @@ def bench_rows(size_name, opt, batches, steps, device, rows_path=None):
 def run_worker(size_name, opt, args, rows_path):
     """One size and optimizer in a fresh process: its engine's memory is gone when it exits, so the
     next one's peak starts from zero. A world of one: the rendezvous env a launcher would set."""
-    from utils.dist import free_port
+    from utils.dist import single_process_env
 
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
+    env = {**os.environ, **single_process_env()}
     if args.device == "cpu":  # on a GPU host too: DeepSpeed would otherwise pick CUDA and move the model there
         env["CUDA_VISIBLE_DEVICES"] = ""
     # motus on one GPU peaks near 121 of an H200's 139 GiB, in tensors of up to 22 GiB (the flat fp32

@@ -115,10 +115,9 @@ def main(argv=None):
     LIBC = _libc()
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement on a GPU host too (DeepSpeed picks its device at import)
     import deepspeed
-    from utils.dist import free_port
+    from utils.dist import single_process_env
 
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", str(free_port()))):
+    for key, value in single_process_env().items():
         os.environ.setdefault(key, value)
     deepspeed.init_distributed("gloo")
     rows = [r for opt in args.optimizers for r in rows_for(args.size, opt, args.batches, args.steps)]

@@ -71,8 +71,7 @@ def _single_process_env():
     """`python train/train.py` without a launcher is a world of one: give it a rendezvous."""
     if "WORLD_SIZE" in os.environ:
         return
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(dist.free_port()))
+    os.environ.update(dist.single_process_env())
 
 
 def make_accelerator(ds_config, timeout_minutes, speed=None):

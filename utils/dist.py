@@ -27,6 +27,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+def single_process_env():
+    """The rendezvous variables a launcher would set for a world of one process (a free local port)."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port())}
+
+
 def is_main():
     return rank() == 0
 
@@ -49,9 +55,8 @@ def collective_device(group=None):
 
 
 def shutdown():
-    """Destroy the process group before the interpreter exits. Left to the interpreter's teardown,
-    a group's threads can abort the process after its work is done ("terminate called without an
-    active exception" under gloo), and NCCL warns that it was never destroyed."""
+    """Destroy the process group before the interpreter exits rather than leave it to the
+    interpreter's teardown (NCCL warns about a group that was never destroyed)."""
     if dist.is_initialized():
         dist.destroy_process_group()
 
