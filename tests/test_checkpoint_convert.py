@@ -157,7 +157,7 @@ def worker(phase, root, combos):
         if rank == 0:
             torch.save(saved, out + ".saved.pt")
         engine.destroy()
-    torch.distributed.destroy_process_group()  # not left to the interpreter's exit (see dist.shutdown)
+    torch.distributed.destroy_process_group()
 
 
 def launch(phase, root, world, combos):

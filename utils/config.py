@@ -115,7 +115,7 @@ def read_yaml(path):
 def check_text_values(schema, data, path, prefix=""):
     """A text key of `schema` that the YAML file gives a boolean: YAML reads `off`, `no`, `yes`, `on`
     as true/false, so `run_name: off` would become the text 'False'. Refused, asking for quotes."""
-    for key, value in data.items_ex(resolve=False) if OmegaConf.is_dict(data) else ():
+    for key, value in data.items_ex(resolve=False):  # `data` is a mapping (read_yaml checks the top)
         full = f"{prefix}{key}"
         if OmegaConf.is_dict(value):
             check_text_values(schema, value, path, full + ".")
