@@ -28,7 +28,7 @@ import numpy as np
 from data.lerobot_writer import LeRobotWriter
 from data.sim_env import DEMO_SEEDS, SimEnv, SimTaskError, check_seeds, get_task, make_env
 
-DEFAULT_IMAGE_SIZE = (96, 128)  # the top camera's 3:4 at configs/aloha_sim.yaml's video size
+DEFAULT_IMAGE_SIZE = (192, 256)  # the top camera's 3:4 at configs/aloha_sim.yaml's video size
 ATTEMPTS_PER_EPISODE = 2   # give up when the expert fails on more than half the seeds it is given
 _ENV: Dict[tuple, SimEnv] = {}  # per worker process: the env of (task, image size)
 

@@ -33,11 +33,14 @@ WORDS = ("pick up place put push pull move open close lift stack grasp release r
          "plate bottle ball object table shelf tray robot arm gripper hand target goal task reach").split()
 PARTS = ("text_encoder", "vlm", "vae")
 STAMP = "tiny_size.json"
-VAE_FIT = "weighted_mse_frames_then_clips_v1"  # in the stamp: a folder built with another VAE recipe is rebuilt
+VAE_FIT = "weighted_mse_frames_then_clips_v2"  # in the stamp: a folder built with another VAE recipe is rebuilt
 # the fit: single frames first (a fifth of a clip's cost: they train the spatial layers), then whole
 # clips (the temporal layers); measured on the synthetic squares, see fit_vae
 FRAME_STEPS, FRAME_BATCH, CLIP_STEPS, CLIP_BATCH, FIT_LR, FIT_VIDEOS = 150, 16, 120, 8, 1e-3, 64
 COLOUR_WEIGHT = 20.0
+# larger frames are fitted on random crops of this size: the VAE is convolutional, so a crop teaches it
+# the same objects at the same scale, and the fit's cost stays that of a 96x128 frame
+FIT_CROP = (96, 128)
 
 
 def build_tokenizer(texts=()):
@@ -111,10 +114,11 @@ def build_vae(size=TINY, seed=2, videos=None, frames=5, height=64, width=64):
 def fit_vae(vae, x, gen):
     """A short autoencoder fit of `vae` to videos x [N, 3, T, H, W]: Adam on the reconstruction of the
     posterior mean (what FrozenEncoders encodes), FRAME_STEPS on single frames then CLIP_STEPS on
-    whole clips. Each pixel's squared error is weighted by 1 + its colour saturation x COLOUR_WEIGHT:
-    robot scenes are mostly flat background, and unweighted a small VAE learns the background alone,
-    so the objects (the synthetic squares) vanish from every decoded picture. (lr 1e-3: 5e-3 and
-    above stall at that background-only plateau.)"""
+    whole clips, on random FIT_CROP windows of larger frames. Each pixel's squared error is weighted
+    by 1 + its colour saturation x COLOUR_WEIGHT: robot scenes are mostly flat background, and
+    unweighted a small VAE learns the background alone, so the objects (the synthetic squares, the
+    simulator's red cube) vanish from every decoded picture. (lr 1e-3: 5e-3 and above stall at that
+    background-only plateau.)"""
     import time
 
     start, cpu = time.perf_counter(), time.process_time()
@@ -123,7 +127,7 @@ def fit_vae(vae, x, gen):
     vae.train()
     for data, steps, batch in ((frames, FRAME_STEPS, FRAME_BATCH), (x, CLIP_STEPS, CLIP_BATCH)):
         for _ in range(steps):
-            b = data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)]
+            b = random_crops(data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)], gen)
             weight = 1 + COLOUR_WEIGHT * (b.max(dim=1, keepdim=True).values - b.min(dim=1, keepdim=True).values)
             rec = vae.decode(vae.encode(b).latent_dist.mean).sample
             loss = ((rec - b).pow(2) * weight).mean() / weight.mean()
@@ -135,6 +139,16 @@ def fit_vae(vae, x, gen):
              "(%.1f CPU s)", len(x), FRAME_STEPS, CLIP_STEPS, loss.item(), time.perf_counter() - start,
              time.process_time() - cpu)
     return vae
+
+
+def random_crops(x, gen, size=FIT_CROP):
+    """A random FIT_CROP window of each video of x [N, 3, T, H, W] (x itself when it is no larger)."""
+    h, w = min(size[0], x.shape[-2]), min(size[1], x.shape[-1])
+    if (h, w) == tuple(x.shape[-2:]):
+        return x
+    ys = torch.randint(0, x.shape[-2] - h + 1, (len(x),), generator=gen).tolist()
+    xs = torch.randint(0, x.shape[-1] - w + 1, (len(x),), generator=gen).tolist()
+    return torch.stack([v[..., y:y + h, x0:x0 + w] for v, y, x0 in zip(x, ys, xs)])
 
 
 def training_videos(dataset, count=FIT_VIDEOS, seed=0):

@@ -69,3 +69,21 @@ def test_latent_statistics_are_measured_on_the_videos(built):
     # held-out windows of the same scenes: normalised latents are about zero-mean, unit-spread per channel
     assert np.abs(normalised.mean(dim=(0, 2, 3, 4)).numpy()).max() < 0.5
     assert np.abs(normalised.std(dim=(0, 2, 3, 4)).numpy() - 1).max() < 0.5
+
+
+def test_frames_larger_than_the_fit_crop_are_fitted_on_exact_random_windows():
+    from models.tiny_assets import FIT_CROP, random_crops
+
+    gen = torch.Generator().manual_seed(0)
+    h, w = FIT_CROP
+    x = torch.arange(3 * 3 * 2 * (h + 40) * (w + 8), dtype=torch.float32).view(3, 3, 2, h + 40, w + 8)
+    crops = random_crops(x, gen)
+    assert crops.shape == (3, 3, 2, h, w)
+    offsets = set()
+    for video, crop in zip(x, crops):
+        y0, x0 = divmod(int(crop[0, 0, 0, 0] - video[0, 0, 0, 0]), w + 8)  # the window's top-left pixel
+        assert torch.equal(crop, video[..., y0:y0 + h, x0:x0 + w])
+        offsets.add((y0, x0))
+    assert len(offsets) > 1  # each video its own window
+    small = torch.zeros(2, 3, 1, h, w - 8)
+    assert random_crops(small, gen) is small
