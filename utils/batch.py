@@ -55,7 +55,7 @@ class ModelDims:
 
 
 def _shape_text(symbols: list[str], sizes: dict[str, int]) -> str:
-    return ", ".join(f"{s}={sizes[s]}" if s in sizes else s for s in symbols)
+    return ", ".join(f"{s}={sizes[s]}" if s in sizes and not s.isdigit() else s for s in symbols)
 
 
 class _Batch:
@@ -101,8 +101,11 @@ class _Batch:
             fixed = {s: int(s) for s in symbols if s.isdigit()}
             want = {**sizes, **fixed}
             if value.dim() != len(symbols) or any(s in want and want[s] != n for s, n in zip(symbols, value.shape)):
-                known = sorted({s for s in symbols if s in where})
-                source = "; ".join(f"{s} from {where[s]}" for s in known)
+                origins: dict[str, list[str]] = {}
+                for s in symbols:
+                    if s in where:
+                        origins.setdefault(where[s], []).append(s)
+                source = "; ".join(f"{', '.join(names)} from {o}" for o, names in origins.items())
                 raise BatchError(f"{name}.{field}: expected shape [{_shape_text(symbols, want)}]"
                                  f"{f' ({source})' if source else ''}, got {list(value.shape)}")
             if value.dtype != dtype:
