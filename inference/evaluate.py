@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,7 +61,8 @@ def sample_seed(seed, episode, frame):
 
 
 @torch.no_grad()
-def run(policy, dataset, windows, modes, seed, batch_size, num_steps=None):
+def run(policy: Policy, dataset: Any, windows: list[tuple[int, int]], modes: list[str], seed: int,
+        batch_size: int, num_steps: int | None = None) -> dict[str, np.ndarray]:
     """Predictions of every mode on every window, gathered on the CPU."""
     from data.stream import collate
 

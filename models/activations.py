@@ -12,6 +12,7 @@ not as the reference kernel that fake tensors dispatch to, which would keep the 
 `measure()` counts the same on real tensors (by storage), for calibration and tests.
 """
 import contextlib
+from typing import Any, Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +56,7 @@ def example_inputs(cfg, model, size, batch: int, device: torch.device | str = "c
         vlm_features=torch.randn(batch, vlm_len, spec["vlm_dim"], device=device))
 
 
-def expert_tokens(cfg, model, size):
+def expert_tokens(cfg: Any, model: wm.WorldModel, size: Any) -> dict[str, int]:
     """Tokens each expert of the joint attention sees per sample: video (Wan patches of the latents),
     action ([state |] chunk | registers) and understanding (VLM features)."""
     inputs = example_inputs(cfg, model, size, 1, device="meta")
@@ -145,7 +146,7 @@ def _count_once(model, inputs, key):
     return counter
 
 
-def _count(model, inputs, key):
+def _count(model: wm.WorldModel, inputs: ModelBatch, key: Callable[[torch.Tensor], Any]) -> dict[bool, Activations]:
     """{checkpointing: Activations} for both settings (the model's own setting is restored)."""
     checkpointing = model.gradient_checkpointing
     out = {}

@@ -94,7 +94,8 @@ def prediction_pictures(model: Any, encoders: Any, batch: DataBatch, inputs: Mod
 
 
 @torch.no_grad()
-def validate(engine, encoders, loader, cfg, stats):
+def validate(engine: Any, encoders: Any, loader: Any, cfg: Any,
+             stats: Any) -> tuple[dict[str, float], tuple[dict[str, Any], dict[str, Any]] | None]:
     """Mean losses and policy errors on held-out episodes over `system.val_batches` batches per rank,
     averaged over ranks; rank 0 also returns prediction pictures of the first batch.
 
