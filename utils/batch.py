@@ -90,9 +90,9 @@ class _Batch:
             raise BatchError(f"{cls.__name__} has no field {', '.join(unknown)}; its fields are {', '.join(known)}")
         return cls(**fields)
 
-    def _check_shapes(self, bound: Mapping[str, int] = {}, origin: str = "") -> None:
+    def _check_shapes(self, bound: Mapping[str, int] = {}, origin: str = "") -> dict[str, int]:
         """Rank, dtype, device and the agreement of sizes of every tensor field (`bound`: sizes fixed from
-        outside, named `origin` in an error)."""
+        outside, named `origin` in an error) -> the sizes, by symbol."""
         name = type(self).__name__
         sizes, where = dict(bound), {s: origin for s in bound}
         device_of = None
@@ -118,10 +118,7 @@ class _Batch:
             for s, n in zip(symbols, value.shape):
                 if s not in sizes and s not in fixed:
                     sizes[s], where[s] = n, field
-        self._check_instruction(sizes.get("B"))
-
-    def _check_instruction(self, batch: int | None) -> None:
-        pass
+        return sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,9 +153,7 @@ class DataBatch(_Batch):
                                  f"{a if getattr(self, a) is not None else b}")
         if self.vlm_mask is not None and self.vlm_features is None:
             raise BatchError("DataBatch: vlm_mask without vlm_features")
-        self._check_shapes()
-
-    def _check_instruction(self, batch: int | None) -> None:
+        batch = self._check_shapes().get("B")
         got = self.instruction
         if got is not None and (not isinstance(got, list) or not all(isinstance(t, str) for t in got)
                                 or (batch is not None and len(got) != batch)):
