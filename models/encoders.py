@@ -257,7 +257,7 @@ class FrozenEncoders:
                                  "needs the raw first frame and the instruction; build the cache with VLM features")
             vlm_features, vlm_mask = self.encode_vlm(batch.video[:, 0], batch.instruction)
 
-        def put(t: torch.Tensor | None) -> torch.Tensor | None:  # state, actions (and cached outputs) join the model on the device
+        def put(t: torch.Tensor | None) -> torch.Tensor | None:  # state, actions, cached outputs: to the model's device
             return None if t is None else t.to(self.device, non_blocking=True)
 
         return ModelBatch(video_latents=put(latents), text_embeds=put(text_embeds), text_mask=put(text_mask),

@@ -63,7 +63,8 @@ class _Batch:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The fields that hold a tensor, by name."""
-        return {f.name: v for f in dataclasses.fields(self) if torch.is_tensor(v := getattr(self, f.name))}  # type: ignore[arg-type]
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {k: v for k, v in values.items() if torch.is_tensor(v)}
 
     def replace(self, **changes: Any) -> Self:
         """A copy with `changes` applied, checked again."""
@@ -190,8 +191,9 @@ class ModelBatch(_Batch):
         """The batch against the sizes the model fixes; `training`: a forward for the losses, which needs the
         actions and the whole clip of latents."""
         if dims.state_dim is not None and self.state is None:
-            raise BatchError(f"ModelBatch.state: the model (model.mode finetune) reads a state [B, S={dims.state_dim}]; "
-                             "the batch has none (use model.mode=pretrain for data without robot state)")
+            raise BatchError(f"ModelBatch.state: the model (model.mode finetune) reads a state "
+                             f"[B, S={dims.state_dim}]; the batch has none (use model.mode=pretrain for data "
+                             "without robot state)")
         if training and self.actions is None:
             raise BatchError(f"ModelBatch.actions: a training forward needs the action chunk "
                              f"[B, chunk={dims.action_chunk}, A={dims.action_dim}]; the batch has none")
