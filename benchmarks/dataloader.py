@@ -40,23 +40,21 @@ from data.compute_stats import compute_stats  # noqa: E402
 from data.lerobot_writer import LeRobotWriter  # noqa: E402
 from data.synthetic import generate  # noqa: E402
 from benchmarks.lerobot_official import add_race_arguments, race_official  # noqa: E402
+from utils.batch import DataBatch, ModelBatch  # noqa: E402
 
 
 class FullSizeFakeEncoders:
     """Outputs with the full model's shapes, cheaply (the cache is what is measured, not the encoders)."""
 
-    def encode(self, batch):
-        out = dict(batch)
-        video = out.pop("video")
-        b = video.shape[0]
-        pooled = F.adaptive_avg_pool3d(video.permute(0, 2, 1, 3, 4), (3, 24, 20))  # [B, 3, 3, 24, 20]
-        out["video_latents"] = pooled.repeat(1, 16, 1, 1, 1)                        # [B, 48, 3, 24, 20]
-        out["text_embeds"] = torch.zeros(b, 512, 4096)
-        out["text_mask"] = torch.zeros(b, 512, dtype=torch.bool)
-        out["text_mask"][:, :12] = True
-        out["vlm_features"] = torch.randn(b, 256, 2048)
-        out["vlm_mask"] = torch.ones(b, 256, dtype=torch.bool)
-        return out
+    def encode(self, batch: DataBatch) -> ModelBatch:
+        b = batch.video.shape[0]
+        pooled = F.adaptive_avg_pool3d(batch.video.permute(0, 2, 1, 3, 4), (3, 24, 20))  # [B, 3, 3, 24, 20]
+        text_mask = torch.zeros(b, 512, dtype=torch.bool)
+        text_mask[:, :12] = True
+        return ModelBatch(video_latents=pooled.repeat(1, 16, 1, 1, 1),  # [B, 48, 3, 24, 20]
+                          text_embeds=torch.zeros(b, 512, 4096), text_mask=text_mask,
+                          vlm_features=torch.randn(b, 256, 2048), vlm_mask=torch.ones(b, 256, dtype=torch.bool),
+                          state=batch.state, actions=batch.actions)
 
 
 def numeric_dataset(folder, episodes, length, dim=14):

@@ -35,9 +35,8 @@ EMA_ON = ["training.ema.enabled=true", "training.ema.start_step=0", "training.em
 
 def _step(engine, encoders, stream, cfg, step):
     from train.steps import noise_seeds, to_device
-    batch = next(stream)
-    inputs = encoders.encode(to_device(batch, engine.device))
-    inputs["noise_seeds"] = noise_seeds(cfg.training.seed, step, batch)
+    batch = to_device(next(stream), engine.device)
+    inputs = encoders.encode(batch).replace(noise_seeds=noise_seeds(cfg.training.seed, step, batch))
     engine.micro_step(inputs, is_last=True)
     engine.optimizer_step()
 

@@ -193,8 +193,8 @@ def bench_rows(size_name, opt, batches, steps, device, rows_path=None):
             if failed:
                 row["error"] = f"not run: {failed}"
             else:
-                inputs = activations.example_inputs(cfg, model, size, batch, device=device.type)
-                inputs["noise_seeds"] = torch.arange(batch, device=device.type)
+                inputs = activations.example_inputs(cfg, model, size, batch, device=device.type).replace(
+                    noise_seeds=torch.arange(batch, device=device.type))
                 try:
                     step, mem, loss = measure(engine, model, inputs, checkpointing, steps, device)
                 except torch.OutOfMemoryError:

@@ -33,7 +33,7 @@ from data.dataset import EpisodeDataset, FixedWindows  # noqa: E402
 from data.episodes import WindowSpec  # noqa: E402
 from data.lerobot_format import LeRobotSource  # noqa: E402
 from data.normalize import NormStats  # noqa: E402
-from data.stream import collate  # noqa: E402
+from data.stream import collate_reporting  # noqa: E402
 from data import video  # noqa: E402
 
 STATE, ACTION = "observation.state", "action"
@@ -171,7 +171,7 @@ def rate_workers(dataset, workers, batch_size, collate_fn=None):
     next(batches)
     start, count = time.perf_counter(), 0
     for batch in batches:
-        count += len(batch[ACTION] if ACTION in batch else batch["actions"])
+        count += len(batch[ACTION]) if isinstance(batch, dict) else batch[0].batch_size  # ours: (DataBatch, bad)
     return count / (time.perf_counter() - start)
 
 
@@ -210,7 +210,7 @@ def race_official(args):
                 else:
                     if side == "official":
                         close_official_decoders()
-                    rate = rate_workers(FixedWindows(ours, windows, False), workers, args.batch_size, collate) \
+                    rate = rate_workers(FixedWindows(ours, windows, False), workers, args.batch_size, collate_reporting) \
                         if side == "ours" else \
                         rate_workers(_OfficialWindows(official, indices), workers, args.batch_size)
                 (ours_rates if side == "ours" else official_rates).append(rate)

@@ -69,8 +69,7 @@ def measure_row(engine, model, cfg, size, batch, checkpointing, steps):
     from models import activations
 
     model.gradient_checkpointing = checkpointing
-    inputs = activations.example_inputs(cfg, model, size, batch)
-    inputs["noise_seeds"] = torch.arange(batch)
+    inputs = activations.example_inputs(cfg, model, size, batch).replace(noise_seeds=torch.arange(batch))
     gc.collect()
     with PeakInUse() as p:
         for _ in range(steps):

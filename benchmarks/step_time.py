@@ -148,6 +148,7 @@ def measure_parts(args):
     from optim import build_optimizer
     from recipe.config import load_config
     from recipe.generated import ensure_generated_inputs
+    from utils.batch import DataBatch
 
     torch.set_num_threads(1)
     cfg = load_config(args.config, args.set)
@@ -161,9 +162,10 @@ def measure_parts(args):
         optimizers.append(build_optimizer(model.named_parameters(), cfg.training, 1, fused_adamw=on))
     gen = torch.Generator().manual_seed(0)
     b, c = cfg.training.batch_size, cfg.common
-    batch = {"video": torch.rand(b, c.num_video_frames + 1, 3, c.video_height, c.video_width, generator=gen) * 2 - 1,
-             "state": torch.randn(b, c.state_dim, generator=gen), "instruction": ["push the red cube left"] * b,
-             "actions": torch.randn(b, c.num_video_frames * c.video_action_freq_ratio, c.action_dim, generator=gen)}
+    batch = DataBatch(
+        video=torch.rand(b, c.num_video_frames + 1, 3, c.video_height, c.video_width, generator=gen) * 2 - 1,
+        state=torch.randn(b, c.state_dim, generator=gen), instruction=["push the red cube left"] * b,
+        actions=torch.randn(b, c.num_video_frames * c.video_action_freq_ratio, c.action_dim, generator=gen))
 
     def timed(fn):
         start = time.perf_counter()
@@ -180,8 +182,7 @@ def measure_parts(args):
     def encode(i):
         nonlocal inputs
         with torch.no_grad():
-            inputs = encoders[i].encode(dict(batch))
-        inputs["noise_seeds"] = torch.arange(b)
+            inputs = encoders[i].encode(batch).replace(noise_seeds=torch.arange(b))
 
     inputs = None
     parts = {"encode off (frozen VAE, text, VLM)": [], "encode compile": [], "forward+backward off": [],

@@ -26,6 +26,7 @@ from data.episodes import WindowSpec
 from data.errors import DataError
 from data.normalize import NormStats
 from data.stream import collate
+from utils.batch import DataBatch, ModelBatch
 
 logger = logging.getLogger(__name__)
 ROW_TENSORS = ("video_latents", "vlm_features", "vlm_mask")  # per window; text is per instruction
@@ -84,21 +85,23 @@ class _Texts:
         save_file({"text_embeds": torch.stack(self.embeds), "text_mask": torch.stack(self.masks)}, path)
 
 
-def _rows(batch, encoded, windows, dataset, texts):
+def _rows(batch: DataBatch, encoded: ModelBatch, windows: list[tuple[int, int]], dataset: EpisodeDataset,
+          texts: _Texts) -> list[dict[str, Any]]:
     rows = []
+    assert batch.instruction is not None and batch.actions is not None  # a raw dataset's batch holds both
     for b, (i, c) in enumerate(windows):
         row = {"source": dataset.episodes[i].source, "episode_index": dataset.episodes[i].index, "frame_index": c,
-               "text_index": texts.add(batch["instruction"][b], encoded["text_embeds"][b], encoded["text_mask"][b]),
-               "actions": batch["actions"][b].float()}
-        if "state" in batch:
-            row["state"] = batch["state"][b].float()
-        for key in ("video_latents", "vlm_features", "vlm_mask"):
-            value = encoded.get(key)
+               "text_index": texts.add(batch.instruction[b], encoded.text_embeds[b], encoded.text_mask[b]),
+               "actions": batch.actions[b].float()}
+        if batch.state is not None:
+            row["state"] = batch.state[b].float()
+        for key in ROW_TENSORS:
+            value = getattr(encoded, key)
             if value is None:
                 continue
             value = value[b].detach().cpu()
             row[key] = value.bool() if key.endswith("_mask") else value.float()
-        if "vlm_features" in row and "vlm_mask" not in row:  # encode drops the mask of an unpadded batch
+        if "vlm_features" in row and "vlm_mask" not in row:  # encode gives no mask for an unpadded batch
             row["vlm_mask"] = torch.ones(row["vlm_features"].shape[0], dtype=torch.bool)
         if "vlm_mask" in row:
             length = int(row["vlm_mask"].sum())

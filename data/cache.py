@@ -155,6 +155,7 @@ class CachedDataset:
         return self._texts[0][k], self._texts[1][k]
 
     def load(self, i: int) -> dict[str, Any]:
+        """One sample: DataBatch's cached fields (utils/batch.py) without the batch dimension."""
         shard, row, _, episode, frame, text = self.rows[i]
         sample = {k: self.shards.get(shard, k, row) for k in self.keys}
         sample["text_embeds"], sample["text_mask"] = self._text(text)

@@ -78,6 +78,7 @@ class EpisodeDataset:
 
     # ---- samples ------------------------------------------------------------------------------
     def load(self, window: tuple[int, int]) -> dict[str, Any]:
+        """One sample: DataBatch's raw fields (utils/batch.py) without the batch dimension."""
         i, c = window
         ep = self.episodes[i]
         frames = self.spec.video_indices(c)

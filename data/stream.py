@@ -15,25 +15,31 @@ import numpy as np
 import torch
 
 from data.dataset import FixedWindows, TrainDraws
+from utils.batch import DataBatch
 
 logger = logging.getLogger(__name__)
 _REPORTED = 20  # bad-sample messages kept for the report
 
 
-def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """List of sample dicts -> batch dict (tensors stacked, strings listed, "_bad" merged)."""
-    batch = {}
+def collate(samples: Sequence[dict[str, Any]]) -> DataBatch:
+    """Sample dicts (data/dataset.py, data/cache.py: DataBatch's field names without the batch dimension) ->
+    a DataBatch (tensors stacked, strings listed, numbers as int64), checked against the contract."""
+    fields: dict[str, Any] = {}
     for key in samples[0]:
         values = [s[key] for s in samples]
-        if key == "_bad":
-            batch[key] = [m for v in values for m in v]
-        elif isinstance(values[0], torch.Tensor):  # numpy: no intra-op thread start-up per batch
-            batch[key] = torch.from_numpy(np.stack([v.numpy() for v in values]))
+        if isinstance(values[0], torch.Tensor):  # numpy: no intra-op thread start-up per batch
+            fields[key] = torch.from_numpy(np.stack([v.numpy() for v in values]))
         elif isinstance(values[0], str):
-            batch[key] = values
+            fields[key] = values
         else:
-            batch[key] = torch.tensor(values, dtype=torch.int64)
-    return batch
+            fields[key] = torch.tensor(values, dtype=torch.int64)
+    return DataBatch.from_dict(fields)
+
+
+def collate_reporting(samples: Sequence[dict[str, Any]]) -> tuple[DataBatch, list[str]]:
+    """The DataLoader's collate: the batch and the errors of the bad samples replaced in it (key "_bad")."""
+    bad = [m for s in samples for m in s.get("_bad", [])]
+    return collate([{k: v for k, v in s.items() if k != "_bad"} for s in samples]), bad
 
 
 class _BatchNumbers:
@@ -58,8 +64,9 @@ class BadSampleLog:
         self.count = 0
         self.messages: list[str] = []
 
-    def take(self, batch: dict[str, Any]) -> dict[str, Any]:
-        for message in batch.pop("_bad", []):
+    def take(self, loaded: tuple[DataBatch, list[str]]) -> DataBatch:
+        batch, bad = loaded
+        for message in bad:
             self.count += 1
             self.messages = (self.messages + [message])[-_REPORTED:]
             logger.warning("skipped a bad sample (%d so far): %s", self.count, message)
@@ -77,12 +84,12 @@ class TrainStream:
         self.batches = 0
         self.offset = 0  # samples before batch 0: a resume with another batch geometry (see load_state_dict)
         self.bad = BadSampleLog()
-        self._iterator: Iterator[dict[str, Any]] | None = None
+        self._iterator: Iterator[tuple[DataBatch, list[str]]] | None = None
 
     def __iter__(self) -> "TrainStream":
         return self
 
-    def __next__(self) -> dict[str, Any]:
+    def __next__(self) -> DataBatch:
         if self._iterator is None:
             self._iterator = iter(self._loader())
         batch = next(self._iterator)
@@ -92,7 +99,7 @@ class TrainStream:
     def _loader(self):
         sampler = _BatchNumbers(self.batches, self.rank, self.world_size, self.batch_size, self.offset)
         return torch.utils.data.DataLoader(
-            self.draws, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=collate,
+            self.draws, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=collate_reporting,
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             prefetch_factor=2 if self.num_workers else None)
 
@@ -145,8 +152,8 @@ class ValLoader:
     def __len__(self) -> int:
         return -(-len(self.windows) // self.batch_size)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[DataBatch]:
         loader = torch.utils.data.DataLoader(self.data, batch_size=self.batch_size, shuffle=False,
-                                             num_workers=self.num_workers, collate_fn=collate)
+                                             num_workers=self.num_workers, collate_fn=collate_reporting)
         for batch in loader:
             yield self.bad.take(batch)

@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,7 +61,8 @@ def sample_seed(seed, episode, frame):
 
 
 @torch.no_grad()
-def run(policy, dataset, windows, modes, seed, batch_size, num_steps=None):
+def run(policy: Policy, dataset: Any, windows: list[tuple[int, int]], modes: list[str], seed: int,
+        batch_size: int, num_steps: int | None = None) -> dict[str, np.ndarray]:
     """Predictions of every mode on every window, gathered on the CPU."""
     from data.stream import collate
 
@@ -71,12 +73,13 @@ def run(policy, dataset, windows, modes, seed, batch_size, num_steps=None):
         batch = collate([dataset.load(w) for w in chunk])
         seeds = [sample_seed(seed, dataset.episodes[i], c) for i, c in chunk]
         got["last_actions"].append(np.stack([metrics.last_action(dataset.episodes[i], c) for i, c in chunk]))
-        got["true_actions"].append(policy.stats.unnormalize_action(batch["actions"]).numpy())
+        assert batch.actions is not None and batch.video is not None  # a raw dataset's windows hold both
+        got["true_actions"].append(policy.stats.unnormalize_action(batch.actions).numpy())
         inputs = policy.encoders.encode(batch)  # on the model's device, the given actions and state too
         if any(m in VIDEO_MODES for m in modes):
-            got["true_video"].append(batch["video"].numpy())
-            got["true_latents"].append(inputs["video_latents"].cpu().numpy())
-            got["recon"].append(policy.encoders.decode_video(inputs["video_latents"]).cpu().numpy())
+            got["true_video"].append(batch.video.numpy())
+            got["true_latents"].append(inputs.video_latents.cpu().numpy())
+            got["recon"].append(policy.encoders.decode_video(inputs.video_latents).cpu().numpy())
         for mode in modes:
             out = policy.sample(inputs, seeds, mode, num_steps)
             got[f"{mode}/actions"].append(out["actions"].numpy())

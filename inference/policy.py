@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from data.transforms import compose_frames
+from utils.batch import DataBatch, ModelBatch
 
 
 class ObservationError(ValueError):
@@ -95,23 +96,23 @@ class Policy:
         return value.astype(np.float32)
 
     # ---- the model call -------------------------------------------------------------------------
-    def batch(self, checked):
-        """Checked observations -> a raw batch as the data gives it (condition frame only), on the model's
-        device: composed, fitted and normalised on the host, then uploaded once."""
+    def batch(self, checked: list[tuple[list[np.ndarray], np.ndarray | None, str]]) -> DataBatch:
+        """Checked observations -> a DataBatch as the data gives it (condition frame only, no actions), on the
+        model's device: composed, fitted and normalised on the host, then uploaded once."""
         video = torch.stack([compose_frames([im[None] for im in images], self.frame_layout, self.height, self.width)
                              for images, _, _ in checked])
-        batch = {"video": video.to(self.device),
-                 "instruction": [self.serving.instruction_prefix + prompt for _, _, prompt in checked]}
+        state = None
         if self.use_state:
             state = np.stack([s for _, s, _ in checked])
-            state = torch.from_numpy(np.asarray(self.stats.normalize_state(state), dtype=np.float32))
-            batch["state"] = state.to(self.device)
-        return batch
+            state = torch.from_numpy(np.asarray(self.stats.normalize_state(state), dtype=np.float32)).to(self.device)
+        return DataBatch(video=video.to(self.device), state=state,
+                         instruction=[self.serving.instruction_prefix + prompt for _, _, prompt in checked])
 
     @torch.no_grad()
-    def sample(self, inputs, seeds, mode="policy", num_steps=None):
+    def sample(self, inputs: ModelBatch, seeds: list[int], mode: str = "policy",
+               num_steps: int | None = None) -> dict[str, torch.Tensor]:
         """Encoded inputs (FrozenEncoders.encode) -> {"video_latents", "actions" (robot units, CPU)}."""
-        noise = sample_noise(self.model, inputs["video_latents"][:, :, :1], seeds)
+        noise = sample_noise(self.model, inputs.video_latents[:, :, :1], seeds)
         out = self.model.sample(inputs, mode, num_steps or self.num_steps, noise=noise)
         return {"video_latents": out["video_latents"], "actions": self.stats.unnormalize_action(out["actions"].float().cpu())}
 

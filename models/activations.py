@@ -12,6 +12,7 @@ not as the reference kernel that fake tensors dispatch to, which would keep the 
 `measure()` counts the same on real tensors (by storage), for calibration and tests.
 """
 import contextlib
+from typing import Any, Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from models import world_model as wm
 from models.build import size_table_model
+from utils.batch import ModelBatch
 
 VLM_PROMPT_TOKENS = 40  # chat template (~8 tokens) + an instruction of ~32 tokens, beside the image tokens
 
@@ -34,7 +36,7 @@ class Activations:
     """Saved by one layer without checkpointing (layer 1): the most one block's recompute holds."""
 
 
-def example_inputs(cfg, model, size, batch, device="cpu"):
+def example_inputs(cfg, model, size, batch: int, device: torch.device | str = "cpu") -> ModelBatch:
     """Inputs at the config's real shapes: latents from the VAE's compression, umT5 padded to its
     text length, VLM features of the image tokens of one frame plus a prompt."""
     from models.build import vae_compression
@@ -44,29 +46,24 @@ def example_inputs(cfg, model, size, batch, device="cpu"):
     vision = size.vlm_vision
     cell = vision["patch_size"] * vision["spatial_merge_size"]
     vlm_len = -(-c.video_height // cell) * -(-c.video_width // cell) + VLM_PROMPT_TOKENS
-    kw = dict(device=device)
-    inputs = {
-        "video_latents": torch.randn(batch, size.vae["z_dim"], spec["latent_frames"], c.video_height // spatial,
-                                     c.video_width // spatial, **kw),
-        "actions": torch.randn(batch, c.action_chunk_size, c.action_dim, **kw),
-        "state": torch.randn(batch, c.state_dim, **kw),
-        "text_embeds": torch.randn(batch, size.text_len, size.text_encoder["d_model"], **kw),
-        "text_mask": torch.ones(batch, size.text_len, dtype=torch.bool, **kw),
-        "vlm_features": torch.randn(batch, vlm_len, spec["vlm_dim"], **kw),
-    }
-    if cfg.model.mode != "finetune":
-        inputs.pop("state")
-    return inputs
+    return ModelBatch(
+        video_latents=torch.randn(batch, size.vae["z_dim"], spec["latent_frames"], c.video_height // spatial,
+                                  c.video_width // spatial, device=device),
+        actions=torch.randn(batch, c.action_chunk_size, c.action_dim, device=device),
+        state=torch.randn(batch, c.state_dim, device=device) if cfg.model.mode == "finetune" else None,
+        text_embeds=torch.randn(batch, size.text_len, size.text_encoder["d_model"], device=device),
+        text_mask=torch.ones(batch, size.text_len, dtype=torch.bool, device=device),
+        vlm_features=torch.randn(batch, vlm_len, spec["vlm_dim"], device=device))
 
 
-def expert_tokens(cfg, model, size):
+def expert_tokens(cfg: Any, model: wm.WorldModel, size: Any) -> dict[str, int]:
     """Tokens each expert of the joint attention sees per sample: video (Wan patches of the latents),
     action ([state |] chunk | registers) and understanding (VLM features)."""
     inputs = example_inputs(cfg, model, size, 1, device="meta")
-    _, frames, h, w = inputs["video_latents"].shape[1:]
+    _, frames, h, w = inputs.video_latents.shape[1:]
     p_t, p_h, p_w = model.video.config.patch_size
-    action = cfg.common.action_chunk_size + cfg.model.action_expert.num_registers + ("state" in inputs)
-    return {"video": frames // p_t * (h // p_h) * (w // p_w), "action": action, "und": inputs["vlm_features"].shape[1]}
+    action = cfg.common.action_chunk_size + cfg.model.action_expert.num_registers + (inputs.state is not None)
+    return {"video": frames // p_t * (h // p_h) * (w // p_w), "action": action, "und": inputs.vlm_features.shape[1]}
 
 
 def model_flops_per_sample(model, tokens):
@@ -149,7 +146,7 @@ def _count_once(model, inputs, key):
     return counter
 
 
-def _count(model, inputs, key):
+def _count(model: wm.WorldModel, inputs: ModelBatch, key: Callable[[torch.Tensor], Any]) -> dict[bool, Activations]:
     """{checkpointing: Activations} for both settings (the model's own setting is restored)."""
     checkpointing = model.gradient_checkpointing
     out = {}
@@ -158,7 +155,7 @@ def _count(model, inputs, key):
             model.gradient_checkpointing = setting
             counter = _count_once(model, inputs, key)
             per_layer = counter.layers[1] if len(counter.layers) > 1 else counter.layers[0]
-            out[setting] = Activations(inputs["video_latents"].shape[0], counter.kept, per_layer)
+            out[setting] = Activations(inputs.video_latents.shape[0], counter.kept, per_layer)
     finally:
         model.gradient_checkpointing = checkpointing
     out[True].per_layer = out[False].per_layer  # a checkpointed block saves it again in its recompute

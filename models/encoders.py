@@ -1,6 +1,6 @@
 """The frozen parts: Wan VAE, umT5 text encoder, Qwen3-VL. No gradients, eval mode, never in
-the optimizer. `encode(batch)` turns a raw batch into model inputs; keys a latent cache
-already provides pass through untouched.
+the optimizer. `encode(batch)` turns a DataBatch into the ModelBatch the world model consumes
+(utils/batch.py); outputs a latent cache already provides pass through untouched.
 
 Only what the training step needs is held on the GPU: a part moves to the device the first
 time `encode` needs it and stays there; a part whose outputs the data already provides (a
@@ -18,6 +18,8 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+
+from utils.batch import BatchError, DataBatch, ModelBatch
 
 log = logging.getLogger(__name__)
 
@@ -235,27 +237,29 @@ class FrozenEncoders:
         return out.last_hidden_state.float(), on_device["attention_mask"].bool() if padded else None
 
     # ---- a whole batch -------------------------------------------------------------------------
-    def encode(self, batch):
-        """Raw batch -> model inputs on the device. Cached keys (video_latents, text_embeds, vlm_features) are
-        used as given, and every tensor of the batch ends on the device: a no-op after train/steps.to_device,
-        the one upload for a batch built on the host (inference.evaluate's)."""
-        inputs = dict(batch)
+    def encode(self, batch: DataBatch) -> ModelBatch:
+        """A DataBatch -> the ModelBatch on the device. Encoder outputs the batch already holds (a latent cache's
+        video_latents, text_embeds, vlm_features) are used as given, and every tensor ends on the device: a
+        no-op after train/steps.to_device, the one upload for a batch built on the host (inference.evaluate's)."""
         for name in OPTIONAL_PARTS:  # before any part computes
-            if FROZEN_OUTPUTS[name] not in inputs:
+            if getattr(batch, FROZEN_OUTPUTS[name]) is None:
                 self._require(name)
-        if "video_latents" not in inputs:
-            inputs["video_latents"] = self.encode_video(inputs.pop("video"))
-        if "text_embeds" not in inputs:
-            inputs["text_embeds"], inputs["text_mask"] = self.encode_text(list(batch["instruction"]))
-        if "vlm_features" not in inputs:
-            first = batch["video"][:, 0] if "video" in batch else None
-            if first is None:
-                raise KeyError("the batch has video_latents but no vlm_features: the VLM needs the raw first "
-                               "frame; build the cache with VLM features or pass 'video'")
-            inputs["vlm_features"], mask = self.encode_vlm(first, list(batch["instruction"]))
-            if mask is not None:
-                inputs["vlm_mask"] = mask
-        inputs.pop("video", None)
-        # every other tensor (state, actions, indices) joins the model on the device: a no-op for a batch
-        # train/steps.to_device has moved, the one upload for a batch built on the host (inference)
-        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in inputs.items()}
+        latents = batch.video_latents
+        if latents is None:
+            latents = self.encode_video(batch.video)
+        text_embeds, text_mask = batch.text_embeds, batch.text_mask
+        if text_embeds is None:
+            text_embeds, text_mask = self.encode_text(list(batch.instruction or []))
+        vlm_features, vlm_mask = batch.vlm_features, batch.vlm_mask
+        if vlm_features is None:
+            if batch.video is None or batch.instruction is None:
+                raise BatchError("DataBatch has no vlm_features and no video and instruction to compute them: the VLM "
+                                 "needs the raw first frame and the instruction; build the cache with VLM features")
+            vlm_features, vlm_mask = self.encode_vlm(batch.video[:, 0], batch.instruction)
+
+        def put(t: torch.Tensor | None) -> torch.Tensor | None:  # state, actions, cached outputs: to the model's device
+            return None if t is None else t.to(self.device, non_blocking=True)
+
+        return ModelBatch(video_latents=put(latents), text_embeds=put(text_embeds), text_mask=put(text_mask),
+                          vlm_features=put(vlm_features), vlm_mask=put(vlm_mask), state=put(batch.state),
+                          actions=put(batch.actions))

@@ -4,7 +4,11 @@
 and action streams draw s independently per sample (UniDiffuser style), which is what
 lets one network serve the five inference modes below by choosing each stream's s.
 """
+from typing import Any
+
 import torch
+
+from utils.batch import ModelBatch
 
 # Per mode, what each stream does: "generate" (Euler from s=1 to 0), "given" (clean input
 # kept, s=0) or "marginal" (held at pure noise, s=1: the stream is integrated out).
@@ -126,14 +130,16 @@ def _draw_noise_per_sample(x0, a0, td, seeds):
             seeded_normal(seeds, ACTION_NOISE, a0.shape[1:]))
 
 
-def flow_losses(model, inputs, generator=None):
+def flow_losses(model: Any, inputs: ModelBatch, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
     """Noise both streams at independent levels, predict velocities, return the losses.
 
-    `inputs["noise_seeds"]` (int64 [B]), when present, seeds each sample's noise."""
-    x0, a0 = inputs["video_latents"].float(), inputs["actions"].float()
+    `inputs.noise_seeds`, when given, seeds each sample's noise."""
+    if inputs.actions is None:
+        raise ValueError("flow_losses needs the batch's actions (ModelBatch.actions is None)")
+    x0, a0 = inputs.video_latents.float(), inputs.actions.float()
     td = model.settings.time_distribution
-    if inputs.get("noise_seeds") is not None:
-        s_video, s_action, eps_video, eps_action = _draw_noise_per_sample(x0, a0, td, inputs["noise_seeds"])
+    if inputs.noise_seeds is not None:
+        s_video, s_action, eps_video, eps_action = _draw_noise_per_sample(x0, a0, td, inputs.noise_seeds)
     else:
         s_video, s_action, eps_video, eps_action = _draw_noise(x0, a0, td, generator)
     x_video = add_noise(x0, eps_video, s_video)
@@ -150,7 +156,8 @@ def flow_losses(model, inputs, generator=None):
 
 
 @torch.no_grad()
-def euler_sample(model, inputs, mode, num_steps, generator=None, noise=None):
+def euler_sample(model: Any, inputs: ModelBatch, mode: str, num_steps: int, generator: torch.Generator | None = None,
+                 noise: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor | None]:
     """Integrate from s=1 to 0 over `linspace(1, 0, num_steps + 1)` for the streams that `mode`
     generates; given streams stay clean, marginal ones stay at pure noise. Latent frame 0
     is re-imposed after every step. Streams not generated are returned as given (or None).
@@ -159,14 +166,14 @@ def euler_sample(model, inputs, mode, num_steps, generator=None, noise=None):
     if mode not in MODES:
         raise ValueError(f"sample mode '{mode}'; expected one of {', '.join(MODES)}")
     video_role, action_role = MODES[mode]
-    given_video, given_actions = inputs["video_latents"].float(), inputs.get("actions")
+    given_video, given_actions = inputs.video_latents.float(), inputs.actions
     batch, device = given_video.shape[0], given_video.device
     video_shape = (batch, given_video.shape[1], model.latent_frames, *given_video.shape[3:])
     action_shape = (batch, model.action_chunk_size, model.action_dim)
-    for role, name, value in (("given", "video", given_video), ("given", "actions", given_actions)):
-        needs = (video_role if name == "video" else action_role) == role
-        if needs and (value is None or (name == "video" and value.shape[2] < model.latent_frames)):
-            raise ValueError(f"sample mode '{mode}' conditions on the whole {name}; the inputs lack it")
+    lacks = {"video": video_role == "given" and given_video.shape[2] < model.latent_frames,
+             "actions": action_role == "given" and given_actions is None}
+    for name in (n for n, missing in lacks.items() if missing):
+        raise ValueError(f"sample mode '{mode}' conditions on the whole {name}; the inputs lack it")
     if noise is None:
         x_video = torch.randn(video_shape, device=device, generator=generator)
         x_action = torch.randn(action_shape, device=device, generator=generator)
@@ -174,7 +181,7 @@ def euler_sample(model, inputs, mode, num_steps, generator=None, noise=None):
         x_video, x_action = (n.to(device, torch.float32).clone() for n in noise)
     if video_role == "given":
         x_video = given_video[:, :, :model.latent_frames].clone()
-    if action_role == "given":
+    if action_role == "given" and given_actions is not None:  # not None: checked above
         x_action = given_actions.float().clone()
     x_video[:, :, :1] = given_video[:, :, :1]
     grid = torch.linspace(1.0, 0.0, num_steps + 1, device=device)
@@ -190,5 +197,5 @@ def euler_sample(model, inputs, mode, num_steps, generator=None, noise=None):
             x_video[:, :, :1] = given_video[:, :, :1]
         if action_role == "generate":
             x_action = x_action + ds * v_action.float()
-    return {"video_latents": x_video if video_role == "generate" else inputs["video_latents"],
+    return {"video_latents": x_video if video_role == "generate" else inputs.video_latents,
             "actions": x_action if action_role == "generate" else given_actions}

@@ -19,6 +19,7 @@ from models.config import ModelConfig
 from models.experts import ActionExpert, UndExpert
 from models.flow import MOTUS_NUM_TRAIN_STEPS, euler_sample, flow_losses
 from models.joint import joint_layer
+from utils.batch import ModelBatch, ModelDims
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,14 @@ class WorldModel(nn.Module):
         self.gradient_checkpointing = s.gradient_checkpointing
         self._compiled = None  # (layer, checkpointed layer) after compile_blocks
 
+    @property
+    def dims(self) -> ModelDims:
+        """The sizes of a batch this model takes (ModelBatch.check)."""
+        wan, spec = self.video.config, self.spec
+        return ModelDims(latent_channels=wan.in_channels, latent_frames=self.latent_frames, text_dim=wan.text_dim,
+                         vlm_dim=spec["vlm_dim"], action_chunk=self.action_chunk_size, action_dim=self.action_dim,
+                         state_dim=spec["state_dim"] if self.settings.mode == "finetune" else None)
+
     def compile_blocks(self, mode=None):
         """Regional torch.compile: one compiled joint layer function (and its checkpointed twin)
         shared by every layer. The layers' modules are inputs of the graph, not constants in it, so
@@ -109,7 +118,8 @@ class WorldModel(nn.Module):
             return torch.autocast(device.type, enabled=False)
         return contextlib.nullcontext()
 
-    def velocity(self, x_video, s_video, x_action, s_action, inputs):
+    def velocity(self, x_video: torch.Tensor, s_video: torch.Tensor, x_action: torch.Tensor, s_action: torch.Tensor,
+                 inputs: ModelBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Predicted velocities for noisy latents x_video [B, C, T, h, w] at noise levels s_video [B]
         and noisy actions x_action [B, chunk, action_dim] at s_action [B]. Inputs stay fp32: in the
         mixed modes autocast casts them for each matmul."""
@@ -117,17 +127,17 @@ class WorldModel(nn.Module):
         with torch.autocast(device.type, enabled=False):  # time embeddings and modulation in fp32
             temb_v, mod_v = self._video_time(s_video)
             temb_a, mod_a = self.action_expert.embed_time(s_action * MOTUS_NUM_TRAIN_STEPS)
-        state = inputs.get("state")
+        state = inputs.state
         with self._autocast(device):
             with self._action_io(device):
                 a = self.action_expert.embed_tokens(x_action.float(), None if state is None else state.float())
             rope = wan.rope(x_video)
             v = wan.patch_embedding(x_video.float()).flatten(2).transpose(1, 2).contiguous()
             # Wan zero-pads umT5 embeddings past the prompt and attends over all of them
-            text = inputs["text_embeds"].float() * inputs["text_mask"][..., None].float()
+            text = inputs.text_embeds.float() * inputs.text_mask[..., None].float()
             text = wan.condition_embedder.text_embedder(text)
-            u = self.und_expert.adapter(inputs["vlm_features"].float())
-            mask = self._joint_mask(v.shape[1], a.shape[1], inputs.get("vlm_mask"), device)
+            u = self.und_expert.adapter(inputs.vlm_features.float())
+            mask = self._joint_mask(v.shape[1], a.shape[1], inputs.vlm_mask, device)
             for i, block in enumerate(wan.blocks):
                 args = (block, self.action_expert.layers[i], self.und_expert.layers[i], v, a, u,
                         mod_v, mod_a, text, rope, mask, self.heads)
@@ -157,14 +167,18 @@ class WorldModel(nn.Module):
         return v.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
     # ---- training and inference ------------------------------------------------------------
-    def forward(self, inputs, generator=None):
+    def forward(self, inputs: ModelBatch, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """Rectified-flow losses: dict(loss, video_loss, action_loss, noise_level_video, noise_level_action)."""
+        inputs.check(self.dims, training=True)
         return flow_losses(self, inputs, generator)
 
-    def sample(self, inputs, mode, num_steps=None, generator=None, noise=None):
+    def sample(self, inputs: ModelBatch, mode: str, num_steps: int | None = None,
+               generator: torch.Generator | None = None,
+               noise: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor | None]:
         """Euler sampling; mode in joint|policy|video|forward_dynamics|inverse_dynamics.
         Returns dict(video_latents, actions) with actions normalised (as the data gives them).
         `noise`: optional starting noise (video [B, z, latent_frames, h, w], actions [B, chunk, dim])."""
+        inputs.check(self.dims, training=False)
         steps = num_steps or self.settings.inference.num_inference_timesteps
         return euler_sample(self, inputs, mode, steps, generator, noise)
 

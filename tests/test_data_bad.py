@@ -122,8 +122,8 @@ def test_corrupt_video_at_sample_time(root, tmp_path):
     stream = build_train_stream(train, cfg)
     batches = [next(stream) for _ in range(6)]
     for batch in batches:  # full batches, never a bad sample, never a None
-        assert batch["video"].shape == (4, 3, 3, 16, 16) and "_bad" not in batch
-        assert 1 not in batch["episode_index"].tolist()
+        assert batch.video.shape == (4, 3, 3, 16, 16)
+        assert 1 not in batch.episode_index.tolist()
     assert stream.skipped > 0 and stream.state_dict()["skipped"] == stream.skipped
     assert "episode_000001.mp4" in stream.bad.messages[0]
     strict = build_train_stream(build_datasets(make_cfg(tmp_path, root))[0], make_cfg(tmp_path, root))

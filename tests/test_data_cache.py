@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from data import DataError, build_datasets, build_train_stream
 from data.build_cache import build_cache
 from tests.helpers import config_from
+from utils.batch import ModelBatch
 
 
 class FakeEncoders:
@@ -21,19 +22,18 @@ class FakeEncoders:
         return pooled.view(b, t, *pooled.shape[1:]).permute(0, 2, 1, 3, 4)
 
     def encode(self, batch):
-        out = dict(batch)
-        out["video_latents"] = self.latents(out.pop("video"))
-        lengths = [len(t) for t in batch["instruction"]]
-        out["text_embeds"] = torch.tensor(lengths, dtype=torch.float32).view(-1, 1, 1).expand(-1, 5, 6).clone()
-        out["text_mask"] = torch.ones(len(lengths), 5, dtype=torch.bool)
-        frames = batch["frame_index"].tolist()
+        lengths = [len(t) for t in batch.instruction]
+        frames = batch.frame_index.tolist()
         longest = 2 + max(f % 3 for f in frames)  # VLM lengths vary per sample; batches are padded
-        out["vlm_features"] = torch.zeros(len(frames), longest, 3)
-        out["vlm_mask"] = torch.zeros(len(frames), longest, dtype=torch.bool)
+        features = torch.zeros(len(frames), longest, 3)
+        mask = torch.zeros(len(frames), longest, dtype=torch.bool)
         for b, f in enumerate(frames):
-            out["vlm_features"][b, :2 + f % 3] = float(f)
-            out["vlm_mask"][b, :2 + f % 3] = True
-        return out
+            features[b, :2 + f % 3] = float(f)
+            mask[b, :2 + f % 3] = True
+        return ModelBatch(video_latents=self.latents(batch.video),
+                          text_embeds=torch.tensor(lengths, dtype=torch.float32).view(-1, 1, 1).expand(-1, 5, 6).clone(),
+                          text_mask=torch.ones(len(lengths), 5, dtype=torch.bool), vlm_features=features,
+                          vlm_mask=mask, state=batch.state, actions=batch.actions)
 
 
 def make_cfg(tmp_path, root, **extra):
@@ -79,10 +79,10 @@ def test_cache_contents(built):
     assert sample["text_embeds"][0, 0].item() == len(raw["instruction"])
     stream = build_train_stream(train, cached_cfg)
     batches = [next(stream) for _ in range(3)]
-    assert batches[0]["video_latents"].shape == (3, 3, 3, 4, 4) and "video" not in batches[0]
+    assert batches[0].video_latents.shape == (3, 3, 3, 4, 4) and batches[0].video is None
     resumed = build_train_stream(train, cached_cfg)
     resumed.load_state_dict({"batches_consumed": 1})
-    torch.testing.assert_close(next(resumed)["video_latents"], batches[1]["video_latents"])
+    torch.testing.assert_close(next(resumed).video_latents, batches[1].video_latents)
 
 
 def test_mismatching_cache_is_refused(built):

@@ -120,7 +120,7 @@ def test_mixed_folders_with_weights(folders, tmp_path):
     sources = {train.episodes[train.draw(np.random.default_rng(n))[0]].source for n in range(50)}
     assert sources == {0}
     batch = next(stream)
-    assert batch["video"].shape == (2, 3, 3, H, W)
+    assert batch.video.shape == (2, 3, 3, H, W)
     cfg = make_cfg(tmp_path, {"dataset_dir": dirs, "weights": [1.0, 3.0]}, state_dim=8)
     train, _, _ = build_datasets(cfg)
     share = np.mean([train.episodes[train.draw(np.random.default_rng(n))[0]].source for n in range(400)])

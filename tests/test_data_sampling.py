@@ -78,9 +78,9 @@ def _take(stream, n):
 
 
 def _same(a, b):
-    assert a["episode_index"].tolist() == b["episode_index"].tolist()
-    assert a["frame_index"].tolist() == b["frame_index"].tolist()
-    assert torch.equal(a["video"], b["video"]) and torch.equal(a["actions"], b["actions"])
+    assert a.episode_index.tolist() == b.episode_index.tolist()
+    assert a.frame_index.tolist() == b.frame_index.tolist()
+    assert torch.equal(a.video, b.video) and torch.equal(a.actions, b.actions)
 
 
 def test_stream_resume_is_exact(root, tmp_path):
@@ -108,8 +108,8 @@ def test_ranks_get_different_deterministic_batches(root, tmp_path):
     again = _take(build_train_stream(train, cfg, 1, 2), 3)
     for a, b in zip(r1, again):
         _same(a, b)
-    pairs0 = {(e, f) for b in r0 for e, f in zip(b["episode_index"].tolist(), b["frame_index"].tolist())}
-    pairs1 = {(e, f) for b in r1 for e, f in zip(b["episode_index"].tolist(), b["frame_index"].tolist())}
+    pairs0 = {(e, f) for b in r0 for e, f in zip(b.episode_index.tolist(), b.frame_index.tolist())}
+    pairs1 = {(e, f) for b in r1 for e, f in zip(b.episode_index.tolist(), b.frame_index.tolist())}
     assert pairs0 != pairs1
 
 
@@ -121,13 +121,13 @@ def test_validation_is_held_out_finite_and_sharded(root, tmp_path):
     assert sorted(e.index for e in train.episodes) == [0, 2, 3, 5]
     assert sorted(e.index for e in val.episodes) == [1, 4]
     for batch in _take(build_train_stream(train, cfg), 10):
-        assert not set(batch["episode_index"].tolist()) & {1, 4}
+        assert not set(batch.episode_index.tolist()) & {1, 4}
     loaders = [build_val_loader(val, cfg, r, 2) for r in range(2)]
     batches = [list(loader) for loader in loaders]
     # 2 episodes x 2 non-overlapping windows (c = 0, 8) = 4 windows, 2 per rank, one batch each
     assert [len(b) for b in batches] == [1, 1] and [len(loader) for loader in loaders] == [1, 1]
     seen = sorted((e, f) for bs in batches for b in bs
-                  for e, f in zip(b["episode_index"].tolist(), b["frame_index"].tolist()))
+                  for e, f in zip(b.episode_index.tolist(), b.frame_index.tolist()))
     assert seen == [(1, 0), (1, 8), (4, 0), (4, 8)]
     again = list(build_val_loader(val, cfg, 0, 2))
     _same(again[0], batches[0][0])

@@ -86,7 +86,7 @@ def test_robotwin_motus_layout(tmp_path):
     both = make_cfg(tmp_path, {"type": "robotwin", "dataset_dir": root, "data_mode": "both", "task_mode": "multi"})
     train, _, stats = build_datasets(both)
     assert train.num_episodes() == 8 and train.source_probs.tolist() == [0.5, 0.5]
-    assert next(build_train_stream(train, both))["actions"].shape == (2, 4, 4)
+    assert next(build_train_stream(train, both)).actions.shape == (2, 4, 4)
     with pytest.raises(DataError, match="task 'nope'"):
         build_datasets(make_cfg(tmp_path, {"type": "robotwin", "dataset_dir": root, "task_mode": "single",
                                            "task_name": "nope"}))
@@ -112,5 +112,5 @@ def test_latent_action_format(tmp_path):
     lerobot = build_datasets(make_cfg(tmp_path, {"type": "lerobot", "dataset_dir": source}, state_dim=8))[0]
     torch.testing.assert_close(sample["video"], lerobot.load((2, 1))["video"])  # same frames through both paths
     batch = next(build_train_stream(train, cfg))
-    assert batch["actions"].shape == (2, 4, 4) and "state" not in batch
+    assert batch.actions.shape == (2, 4, 4) and batch.state is None
     assert json.load(open(os.path.join(root, "meta.json")))["format"] == "latent_action"

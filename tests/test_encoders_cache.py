@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from recipe.config import load_config
+from utils.batch import DataBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,10 +76,10 @@ def frames(n):
 
 
 def test_an_unpadded_vlm_batch_has_no_mask_and_a_padded_one_keeps_it(encoders):
-    same = encoders.encode({"video": frames(2)[:, None].expand(2, 5, 3, 64, 64), "instruction": [PROMPTS[0]] * 2,
-                            "text_embeds": torch.zeros(2, 16, 32), "text_mask": torch.ones(2, 16, dtype=torch.bool),
-                            "video_latents": torch.zeros(2, 8, 2, 8, 8)})
-    assert "vlm_mask" not in same  # the joint attention runs unmasked
+    same = encoders.encode(DataBatch(video=frames(2)[:, None].expand(2, 5, 3, 64, 64), instruction=[PROMPTS[0]] * 2,
+                                     text_embeds=torch.zeros(2, 16, 32), text_mask=torch.ones(2, 16, dtype=torch.bool),
+                                     video_latents=torch.zeros(2, 8, 2, 8, 8)))
+    assert same.vlm_mask is None  # the joint attention runs unmasked
     features, mask = encoders.encode_vlm(frames(2), PROMPTS[:2])
     assert mask is not None and mask.sum(1).tolist()[0] > mask.sum(1).tolist()[1]
     assert mask.shape == features.shape[:2]

@@ -49,6 +49,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.helpers import ROOT
+from utils.batch import BatchError, DataBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -232,12 +233,12 @@ def vlm_stand_in(encoders):
 def raw_batch(cfg, batch_size=2):
     c, gen = cfg.common, torch.Generator().manual_seed(0)
     chunk = c.video_action_freq_ratio * c.num_video_frames
-    return {"video": torch.rand(batch_size, 1 + c.num_video_frames, 3, c.video_height, c.video_width,
-                                generator=gen) * 2 - 1,
-            "state": torch.randn(batch_size, c.state_dim, generator=gen),
-            "actions": torch.randn(batch_size, chunk, c.action_dim, generator=gen),
-            "instruction": ["push the red cube left", "open the drawer"][:batch_size],
-            "episode_index": torch.arange(batch_size), "frame_index": torch.arange(batch_size) + 3}
+    return DataBatch(video=torch.rand(batch_size, 1 + c.num_video_frames, 3, c.video_height, c.video_width,
+                                      generator=gen) * 2 - 1,
+                     state=torch.randn(batch_size, c.state_dim, generator=gen),
+                     actions=torch.randn(batch_size, chunk, c.action_dim, generator=gen),
+                     instruction=["push the red cube left", "open the drawer"][:batch_size],
+                     episode_index=torch.arange(batch_size), frame_index=torch.arange(batch_size) + 3)
 
 
 class _Accelerator:
@@ -274,8 +275,8 @@ def train_step(engine, encoders, batch, cfg, step, guard):
     """The body of train/train.py's loop for one update of one micro-batch, and its logging record."""
     from train.steps import TrainerState, make_record, noise_seeds, to_device
 
-    inputs = encoders.encode(to_device(batch, engine.device))
-    inputs["noise_seeds"] = noise_seeds(cfg.training.seed, step, inputs)
+    batch = to_device(batch, engine.device)
+    inputs = encoders.encode(batch).replace(noise_seeds=noise_seeds(cfg.training.seed, step, batch))
     out = engine.micro_step(inputs, is_last=True)
     loss_sum = {k: out[k].detach() for k in ("loss", "video_loss", "action_loss")}
     grad_norm, skipped = engine.optimizer_step()
@@ -288,6 +289,7 @@ def train_step(engine, encoders, batch, cfg, step, guard):
 
 
 def assert_on_cuda(tensors, what):
+    tensors = tensors if isinstance(tensors, dict) else tensors.tensors()  # a dict or a batch (utils/batch.py)
     off = {k: v.device for k, v in tensors.items() if torch.is_tensor(v) and v.device != CUDA}
     assert not off, f"{what} not on {CUDA}: {off}"
 
@@ -330,8 +332,8 @@ def test_training_step_from_a_latent_cache_batch_moves_no_frozen_part(tiny_cfg, 
     encoded = encoders.encode(raw)  # on the CPU, for real: the cache's rows
     rows = []
     for b in range(2):
-        row = {k: encoded[k][b] for k in ("video_latents", "text_embeds", "text_mask", "vlm_features", "actions",
-                                          "state")}
+        row = {k: getattr(encoded, k)[b] for k in ("video_latents", "text_embeds", "text_mask", "vlm_features",
+                                                   "actions", "state")}
         row["vlm_mask"] = torch.arange(row["vlm_features"].shape[0]) < row["vlm_features"].shape[0] - b
         row["episode_index"], row["frame_index"] = b, 3 + b
         rows.append(row)
@@ -343,7 +345,7 @@ def test_training_step_from_a_latent_cache_batch_moves_no_frozen_part(tiny_cfg, 
         traffic.clear()
         inputs = train_step(engine, encoders, batch, tiny_cfg, 1, guard)
         assert_on_cuda(inputs, "the cached inputs")
-        assert "vlm_mask" in inputs  # padded rows keep their mask
+        assert inputs.vlm_mask is not None  # padded rows keep their mask
         traffic.check(reads=TRAIN_READS, downloads=TRAIN_DOWNLOADS, uploads=TRAIN_UPLOADS)
     assert encoders.resident() == []
 
@@ -413,34 +415,39 @@ def test_served_policy_runs_on_the_gpu_and_reads_back_once(tiny_cfg, fake_cuda_g
 
 
 def test_a_cpu_tensor_planted_in_the_inference_batch_fails_the_suite(tiny_cfg, fake_cuda_guard, monkeypatch):
-    """The checks this suite rests on. A batch that keeps its state on the host (inference's old bug): encode
-    uploads it, an upload no allow-listed function makes, and the traffic check fails. A host tensor that
-    reaches the model itself: the first op that meets the GPU weights raises."""
+    """The checks this suite rests on. A batch that keeps the observation on the host (inference's old bug kept
+    its state there): encode uploads it, an upload no allow-listed function makes, and the traffic check fails.
+    Host tensors that reach the model itself: the first op that meets the GPU weights raises. One field on the
+    host beside the others on the GPU: the batch contract refuses it where the batch is built."""
     from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
 
     model, encoders, Policy = policy_on_fake_cuda(tiny_cfg)
     batch, sample = Policy.batch, Policy.sample
 
-    def state_on_host(self, checked):
-        out = batch(self, checked)
-        out["state"] = torch.from_numpy(np.stack([s for _, s, _ in checked]))
-        return out
+    def batch_on_host(self, checked):
+        device, self.device = self.device, torch.device("cpu")
+        try:
+            return batch(self, checked)
+        finally:
+            self.device = device
 
-    def inputs_with_host_state(self, inputs, seeds, *args, **kwargs):
-        return sample(self, dict(inputs, state=inputs["state"].cpu()), seeds, *args, **kwargs)
+    def inputs_on_host(self, inputs, seeds, *args, **kwargs):
+        return sample(self, inputs.to("cpu"), seeds, *args, **kwargs)
 
     with fake_cuda() as traffic:
         policy = Policy(loaded_on_fake_cuda(tiny_cfg, model, encoders))
         policy.stats.unnormalize_action = ActionsToHost(policy.stats)
         checked = [policy.check(o) for o in observations(policy)]
         policy.infer_checked(checked)  # resident parts, cached prompts
-        monkeypatch.setattr(Policy, "batch", state_on_host)
+        with pytest.raises(BatchError, match=r"DataBatch.state: on cpu, but video is on cuda:0"):
+            policy.batch(checked).replace(state=torch.from_numpy(np.stack([s for _, s, _ in checked])))
+        monkeypatch.setattr(Policy, "batch", batch_on_host)
         traffic.clear()
         policy.infer_checked(checked)
         with pytest.raises(AssertionError, match=r"host->device uploads.*'Policy.infer_checked > FrozenEncoders.encode > "):
             traffic.check(downloads={**INFER_DOWNLOADS, **RAW_DOWNLOADS}, uploads={**INFER_UPLOADS, **RAW_UPLOADS})
         monkeypatch.setattr(Policy, "batch", batch)
-        monkeypatch.setattr(Policy, "sample", inputs_with_host_state)
+        monkeypatch.setattr(Policy, "sample", inputs_on_host)
         with pytest.raises(FakeTensorDeviceMismatchError):
             policy.infer_checked(checked)
 

@@ -208,6 +208,7 @@ def test_frozen_parts_move_to_the_device_only_when_a_batch_needs_them(tmp_path):
     A batch from a latent cache moves no frozen part; a batch that needs text embeddings moves umT5."""
     from models import build_world_model
     from tests.helpers import config_from
+    from utils.batch import DataBatch
 
     cfg = config_from(tmp_path, {"common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 4},
                                  "model": {"size": "tiny", "wan": {"vae_path": None, "text_encoder_path": None},
@@ -215,14 +216,13 @@ def test_frozen_parts_move_to_the_device_only_when_a_batch_needs_them(tmp_path):
                                            "und_expert": {"vlm": {"input_dim": 32}}}})
     _, encoders = build_world_model(cfg)
     encoders.to("meta")
-    cached = {"video_latents": torch.randn(2, 8, 2, 8, 8), "text_embeds": torch.randn(2, 16, 32),
-              "text_mask": torch.ones(2, 16, dtype=torch.bool), "vlm_features": torch.randn(2, 6, 32),
-              "actions": torch.randn(2, 8, 4), "instruction": ["a", "b"]}
-    cached = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in cached.items()}  # as to_device leaves it
+    cached = DataBatch(video_latents=torch.randn(2, 8, 2, 8, 8), text_embeds=torch.randn(2, 16, 32),
+                       text_mask=torch.ones(2, 16, dtype=torch.bool), vlm_features=torch.randn(2, 6, 32),
+                       actions=torch.randn(2, 8, 4), instruction=["a", "b"]).to("meta")  # as to_device leaves it
     out = encoders.encode(cached)
     assert encoders.resident() == []
     assert all(p.device.type == "cpu" for m in encoders.modules() for p in m.parameters())
-    assert all(out[k] is cached[k] for k in ("video_latents", "text_embeds", "vlm_features"))
+    assert all(getattr(out, k) is getattr(cached, k) for k in ("video_latents", "text_embeds", "vlm_features"))
     with pytest.raises(RuntimeError, match="meta"):  # umT5 reads a value back, which meta cannot give:
         encoders.encode_text(["open the drawer"])  # by then it has been moved, which is what counts here
     assert encoders.resident() == ["text_encoder"]

@@ -122,7 +122,7 @@ def test_evaluate_reports_match_the_predictions_and_are_deterministic(tiny_check
     seeds = [sample_seed(0, dataset.episodes[i], c) for i, c in windows]
     policy = Policy(loaded)
     pred = policy.sample(policy.encoders.encode(batch), seeds, "policy", 2)["actions"].numpy()
-    true = loaded.stats.unnormalize_action(batch["actions"]).numpy()
+    true = loaded.stats.unnormalize_action(batch.actions).numpy()
     assert a["modes"]["policy"]["actions"]["mse"] == pytest.approx(((pred - true) ** 2).mean(), rel=1e-5)
     ep = dataset.episodes[0]
     last = np.stack([ep.action[max(c - 1, 0)] for _, c in windows])
@@ -132,8 +132,8 @@ def test_evaluate_reports_match_the_predictions_and_are_deterministic(tiny_check
 
     video = a["modes"]["joint"]["video"]
     assert set(video) == {"psnr", "psnr_per_frame", "latent_mse"} and len(video["psnr_per_frame"]) == 4
-    recon = policy.encoders.decode_video(policy.encoders.encode_video(batch["video"]))
-    mse = (recon[:, 1:].double() - batch["video"][:, 1:].double()).pow(2).mean().item()
+    recon = policy.encoders.decode_video(policy.encoders.encode_video(batch.video))
+    mse = (recon[:, 1:].double() - batch.video[:, 1:].double()).pow(2).mean().item()
     assert a["video_baselines"]["vae_reconstruction"]["psnr"] == pytest.approx(10 * np.log10(4 / mse), abs=1e-4)
     files = set(os.listdir(tmp_path / "a")) | set(os.listdir(tmp_path / "a" / "samples"))
     assert {"report.md", "action_mse_per_step.png", "action_mse_per_dim.png", "video_psnr_per_frame.png",

@@ -15,6 +15,7 @@ from models import ModelLoadError, build_world_model  # noqa: E402
 from models.flow import MODES, sample_noise_levels, shift_noise_levels  # noqa: E402
 from models.config import TimeDistributionConfig  # noqa: E402
 from recipe.config import load_config  # noqa: E402
+from utils.batch import DataBatch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -45,23 +46,23 @@ def tiny(tiny_yaml):
     with torch.no_grad():  # a decoder as after training, so the action paths show in the outputs
         model.action_expert.proj_out.weight.normal_(0, 0.1)
     gen = torch.Generator().manual_seed(0)
-    batch = {"video": torch.rand(2, 5, 3, 64, 64, generator=gen) * 2 - 1,
-             "state": torch.randn(2, 4, generator=gen), "actions": torch.randn(2, 8, 4, generator=gen),
-             "instruction": ["push the red cube left", "open the drawer"]}
+    batch = DataBatch(video=torch.rand(2, 5, 3, 64, 64, generator=gen) * 2 - 1,
+                      state=torch.randn(2, 4, generator=gen), actions=torch.randn(2, 8, 4, generator=gen),
+                      instruction=["push the red cube left", "open the drawer"])
     return model, encoders, encoders.encode(batch)
 
 
 def test_tiny_shapes_and_weighted_loss(tiny):
     model, encoders, inputs = tiny
-    assert inputs["video_latents"].shape == (2, 8, 2, 8, 8)  # z=8, 1 + 4/4 frames, 64/8 cells
-    assert inputs["text_embeds"].shape == (2, 16, 32) and inputs["text_mask"].dtype == torch.bool
-    assert inputs["vlm_features"].shape[0] == 2 and inputs["vlm_features"].shape[2] == 32
+    assert inputs.video_latents.shape == (2, 8, 2, 8, 8)  # z=8, 1 + 4/4 frames, 64/8 cells
+    assert inputs.text_embeds.shape == (2, 16, 32) and inputs.text_mask.dtype == torch.bool
+    assert inputs.vlm_features.shape[0] == 2 and inputs.vlm_features.shape[2] == 32
     assert model.action_expert.positions.shape[1] == 13  # state, chunk of 8, 4 registers
-    assert inputs["vlm_mask"].sum(1).tolist()[0] > inputs["vlm_mask"].sum(1).tolist()[1]  # padded shorter prompt
+    assert inputs.vlm_mask.sum(1).tolist()[0] > inputs.vlm_mask.sum(1).tolist()[1]  # padded shorter prompt
     # text embeddings are zero past the prompt, and cached per instruction
-    assert float(inputs["text_embeds"][~inputs["text_mask"]].abs().sum()) == 0.0
+    assert float(inputs.text_embeds[~inputs.text_mask].abs().sum()) == 0.0
     again, _ = encoders.encode_text(["open the drawer"])
-    assert torch.equal(again[0], inputs["text_embeds"][1])
+    assert torch.equal(again[0], inputs.text_embeds[1])
     out = {k: v.detach() for k, v in model(inputs, generator=torch.Generator().manual_seed(1)).items()}
     assert out["loss"].dim() == 0 and math.isfinite(out["loss"].item())
     assert float(out["loss"]) == pytest.approx(float(out["video_loss"] + out["action_loss"]), rel=1e-6)
@@ -73,7 +74,7 @@ def test_tiny_shapes_and_weighted_loss(tiny):
         model.settings.loss_weights.video_loss_weight, model.settings.loss_weights.action_loss_weight = 1.0, 1.0
     assert float(out2) == pytest.approx(2 * float(out["video_loss"]) + 0.5 * float(out["action_loss"]),
                                                 rel=1e-6)
-    pixels = encoders.decode_video(inputs["video_latents"])
+    pixels = encoders.decode_video(inputs.video_latents)
     assert pixels.shape == (2, 5, 3, 64, 64) and float(pixels.abs().max()) <= 1.0
 
 
@@ -90,7 +91,7 @@ def test_first_latent_frame_is_clean_and_carries_no_loss(tiny, monkeypatch):
 
     monkeypatch.setattr(model, "velocity", spy)
     out = model(inputs, generator=torch.Generator().manual_seed(2))
-    assert torch.equal(seen["frame0"], inputs["video_latents"][:, :, 0])
+    assert torch.equal(seen["frame0"], inputs.video_latents[:, :, 0])
 
     def garbage_frame0(*args):
         v_video, v_action = real(*args)
@@ -161,23 +162,23 @@ def test_inference_modes_respect_their_conditioning(tiny):
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
     out = {m: model.sample(inputs, m, num_steps=2, generator=gen()) for m in MODES}
     for m, o in out.items():
-        assert o["video_latents"].shape == inputs["video_latents"].shape and o["actions"].shape == (2, 8, 4), m
-        assert torch.equal(o["video_latents"][:, :, 0], inputs["video_latents"][:, :, 0]), m
+        assert o["video_latents"].shape == inputs.video_latents.shape and o["actions"].shape == (2, 8, 4), m
+        assert torch.equal(o["video_latents"][:, :, 0], inputs.video_latents[:, :, 0]), m
         assert torch.isfinite(o["actions"]).all() and torch.isfinite(o["video_latents"]).all(), m
-    assert out["policy"]["video_latents"] is inputs["video_latents"]
-    assert out["inverse_dynamics"]["video_latents"] is inputs["video_latents"]
-    assert torch.equal(out["forward_dynamics"]["actions"], inputs["actions"])
-    assert out["video"]["actions"] is inputs["actions"]
-    assert not torch.equal(out["joint"]["video_latents"][:, :, 1:], inputs["video_latents"][:, :, 1:])
+    assert out["policy"]["video_latents"] is inputs.video_latents
+    assert out["inverse_dynamics"]["video_latents"] is inputs.video_latents
+    assert torch.equal(out["forward_dynamics"]["actions"], inputs.actions)
+    assert out["video"]["actions"] is inputs.actions
+    assert not torch.equal(out["joint"]["video_latents"][:, :, 1:], inputs.video_latents[:, :, 1:])
     # policy integrates the future video out: changing it does not change the actions...
-    changed = dict(inputs, video_latents=inputs["video_latents"].clone())
-    changed["video_latents"][:, :, 1:] += 1.0
+    changed = inputs.replace(video_latents=inputs.video_latents.clone())
+    changed.video_latents[:, :, 1:] += 1.0
     assert torch.equal(model.sample(changed, "policy", 2, gen())["actions"], out["policy"]["actions"])
     # ...while inverse dynamics reads it
     assert not torch.equal(model.sample(changed, "inverse_dynamics", 2, gen())["actions"],
                            out["inverse_dynamics"]["actions"])
     # forward dynamics reads the given actions
-    moved = dict(inputs, actions=inputs["actions"] + 1.0)
+    moved = inputs.replace(actions=inputs.actions + 1.0)
     assert not torch.equal(model.sample(moved, "forward_dynamics", 2, gen())["video_latents"],
                            out["forward_dynamics"]["video_latents"])
     with pytest.raises(ValueError, match="expected one of"):
@@ -326,8 +327,8 @@ def test_prediction_figures(tiny):
 
     model, encoders, inputs = tiny
     pred = model.sample(inputs, "joint", num_steps=1, generator=torch.Generator().manual_seed(9))
-    video = encoders.decode_video(inputs["video_latents"])
-    grid, fig = prediction_figures(video, encoders.decode_video(pred["video_latents"]), inputs["actions"],
+    video = encoders.decode_video(inputs.video_latents)
+    grid, fig = prediction_figures(video, encoders.decode_video(pred["video_latents"]), inputs.actions,
                                    pred["actions"])
     assert grid.shape == (3, 4 * 64, 5 * 64) and 0 <= float(grid.min()) and float(grid.max()) <= 1
     assert torch.equal(grid[:, :64], (video[0].permute(1, 2, 0, 3).reshape(3, 64, 5 * 64) + 1) / 2)
@@ -339,17 +340,17 @@ def test_noise_seeds_make_losses_independent_of_batch_layout(tiny):
     so the mean loss over the samples is the same: the basis of exact multi-process parity."""
     model, _, inputs = tiny
     seeds = torch.tensor([11, 12])
-    whole = model({**inputs, "noise_seeds": seeds})
+    whole = model(inputs.replace(noise_seeds=seeds))
     halves = []
     for i in range(2):
-        part = {k: (v[i:i + 1] if torch.is_tensor(v) and v.shape[:1] == (2,) else v) for k, v in inputs.items()}
-        halves.append(model({**part, "noise_seeds": seeds[i:i + 1]}))
+        part = inputs.replace(**{k: v[i:i + 1] for k, v in inputs.tensors().items()})
+        halves.append(model(part.replace(noise_seeds=seeds[i:i + 1])))
     for key in ("video_loss", "action_loss"):
         split = (halves[0][key] + halves[1][key]) / 2
         assert float(whole[key]) == pytest.approx(float(split), rel=1e-5)
-    again = model({**inputs, "noise_seeds": seeds})
+    again = model(inputs.replace(noise_seeds=seeds))
     assert float(again["loss"].detach()) == float(whole["loss"].detach())
-    other = model({**inputs, "noise_seeds": seeds + 100})
+    other = model(inputs.replace(noise_seeds=seeds + 100))
     assert float(other["loss"].detach()) != float(whole["loss"].detach())
 
 
@@ -375,22 +376,22 @@ def test_training_from_a_latent_cache_builds_only_the_vae(tiny_yaml, tiny, tmp_p
     torch.manual_seed(0)
     plain, _ = build_world_model(load_config(tiny_yaml))  # the model's init does not depend on the parts built
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in model.state_dict().items())
-    batch = {k: inputs[k] for k in ("video_latents", "text_embeds", "text_mask", "vlm_features", "vlm_mask",
-                                    "state", "actions")}
+    batch = DataBatch(**{k: getattr(inputs, k) for k in ("video_latents", "text_embeds", "text_mask", "vlm_features",
+                                                         "vlm_mask", "state", "actions")})
     out = encoders.encode(batch)
-    assert all(out[k] is batch[k] for k in batch)
-    assert torch.equal(encoders.decode_video(batch["video_latents"]), full.decode_video(batch["video_latents"]))
-    raw = {"video": torch.zeros(1, 5, 3, 64, 64), "instruction": ["open the drawer"], "actions": batch["actions"][:1]}
+    assert all(getattr(out, k) is v for k, v in batch.tensors().items())
+    assert torch.equal(encoders.decode_video(batch.video_latents), full.decode_video(batch.video_latents))
+    raw = DataBatch(video=torch.zeros(1, 5, 3, 64, 64), instruction=["open the drawer"], actions=batch.actions[:1])
     with pytest.raises(MissingFrozenPart, match="no text_embeds but the umT5 text encoder was not loaded because "
                                                 "dataset.cache_dir provides text embeddings"):
         encoders.encode(raw)
     with pytest.raises(MissingFrozenPart, match="no vlm_features but Qwen3-VL was not loaded because "
                                                 "dataset.cache_dir provides VLM features"):
-        encoders.encode_vlm(raw["video"][:, 0], raw["instruction"])
+        encoders.encode_vlm(raw.video[:, 0], raw.instruction)
     every = cache_encoders(cached_cfg, "cpu")  # the cache being built may be the one cache_dir names
     assert list(every.parts()) == ["vae", "text_encoder", "vlm"]
-    again = every.encode({"video": torch.zeros(1, 5, 3, 64, 64), "instruction": ["open the drawer"]})
-    assert torch.equal(again["text_embeds"][0], inputs["text_embeds"][1])
+    again = every.encode(DataBatch(video=torch.zeros(1, 5, 3, 64, 64), instruction=["open the drawer"]))
+    assert torch.equal(again.text_embeds[0], inputs.text_embeds[1])
     # the config files of the parts not built are still checked at start
     with pytest.raises(ModelLoadError, match="model.vlm.checkpoint_path: .* does not exist"):
         build_world_model(load_config(tiny_yaml, [f"dataset.cache_dir={tmp_path}/cache",

@@ -17,6 +17,7 @@ from models.convert_motus import MotusConvertError, convert_for_model, main as c
 from models.world_model import WorldModel
 from tests.helpers import metrics, train
 from recipe.config import load_config
+from utils.batch import ModelBatch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
@@ -48,14 +49,14 @@ def model():
 
 
 def inputs(io, und_mask=False):
-    x = {"state": io["state"], "text_embeds": io["text_embeds"], "text_mask": io["text_mask"],
-         "vlm_features": io["vlm_features"]}
+    """The fixture's conditioning as a ModelBatch (with the clean latents; velocity reads the noisy ones it is given)."""
+    features, mask = io["vlm_features"], None
     if und_mask:
-        pad = ~io["vlm_mask"]
-        x["vlm_mask"] = io["vlm_mask"]
+        mask = io["vlm_mask"]
         # padding must not matter: fill it with values Motus never saw
-        x["vlm_features"] = torch.where(pad[..., None], 100 * torch.randn_like(x["vlm_features"]), x["vlm_features"])
-    return x
+        features = torch.where(~mask[..., None], 100 * torch.randn_like(features), features)
+    return ModelBatch(video_latents=io["x_video"], state=io["state"], text_embeds=io["text_embeds"],
+                      text_mask=io["text_mask"], vlm_features=features, vlm_mask=mask)
 
 
 def assert_close(ours, motus, what):
@@ -91,7 +92,7 @@ def test_joint_euler_sampling_matches_motus(model, io):
     g = torch.Generator().manual_seed(seed)  # the noise our sampler draws is the noise Motus started from
     assert torch.equal(torch.randn(data["x_video"].shape, generator=g)[:, :, 1:], data["euler_video0"][:, :, 1:])
     assert torch.equal(torch.randn(data["x_action"].shape, generator=g), data["euler_actions0"])
-    x = {**inputs(data), "video_latents": data["x_video"][:, :, :1]}
+    x = inputs(data).replace(video_latents=data["x_video"][:, :, :1])
     out = model.sample(x, "joint", num_steps=steps, generator=torch.Generator().manual_seed(seed))
     assert_close(out["video_latents"], data["euler_video"], "sampled video latents")
     assert_close(out["actions"], data["euler_actions"], "sampled actions")
@@ -208,13 +209,12 @@ def test_motus_video_loss_is_t_minus_1_over_t_of_ours(model, io):
     """Motus averages the video MSE over all latent frames with frame 0 zeroed in prediction and
     target; ours over the noisy frames only."""
     data, _ = io
-    batch = {**inputs(data), "video_latents": data["x_video"], "actions": data["x_action"],
-             "noise_seeds": torch.tensor([3, 4])}
+    batch = inputs(data).replace(actions=data["x_action"], noise_seeds=torch.tensor([3, 4]))
     with torch.no_grad():
         ours = model(batch)["video_loss"]
         from models.flow import _draw_noise_per_sample, add_noise
         s_v, s_a, eps_v, eps_a = _draw_noise_per_sample(data["x_video"], data["x_action"],
-                                                        model.settings.time_distribution, batch["noise_seeds"])
+                                                        model.settings.time_distribution, batch.noise_seeds)
         x_v = add_noise(data["x_video"], eps_v, s_v)
         x_v[:, :, :1] = data["x_video"][:, :, :1]
         pred, _ = model.velocity(x_v, s_v, add_noise(data["x_action"], eps_a, s_a), s_a, batch)

@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from train import speed  # noqa: E402
 from recipe.config import load_config  # noqa: E402
 from train.config import check_launch  # noqa: E402
+from utils.batch import DataBatch  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -19,12 +20,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def tiny_inputs(encoders, batch_size=2):
     gen = torch.Generator().manual_seed(0)
-    batch = {"video": torch.rand(batch_size, 5, 3, 64, 64, generator=gen) * 2 - 1,
-             "state": torch.randn(batch_size, 8, generator=gen), "actions": torch.randn(batch_size, 8, 4, generator=gen),
-             "instruction": ["push the red cube left", "open the drawer"][:batch_size]}
-    inputs = encoders.encode(batch)
-    inputs["noise_seeds"] = torch.tensor([11, 12][:batch_size])
-    return inputs
+    batch = DataBatch(video=torch.rand(batch_size, 5, 3, 64, 64, generator=gen) * 2 - 1,
+                      state=torch.randn(batch_size, 8, generator=gen), actions=torch.randn(batch_size, 8, 4, generator=gen),
+                      instruction=["push the red cube left", "open the drawer"][:batch_size])
+    return encoders.encode(batch).replace(noise_seeds=torch.tensor([11, 12][:batch_size]))
 
 
 def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer():

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from utils import dist
+from utils.batch import BatchError, DataBatch, ModelBatch
 
 
 @dataclass
@@ -31,12 +32,13 @@ def seed_everything(seed, rank):
     torch.manual_seed(seed + rank)
 
 
-def noise_seeds(seed, step, batch):
-    """One noise seed per sample (int64 [B]) from (seed, step, episode, frame): the noise a sample gets
-    is the same whatever the number of processes and after a resume. Computed where the batch's
-    indices are (on the GPU after `to_device`), so drawing the noise needs no host round trip."""
-    ep, frame = batch["episode_index"].long(), batch["frame_index"].long()
-    return (seed * 1_000_003 + step) * 1_000_000_007 + ep * 1_000_003 + frame
+def noise_seeds(seed: int, step: int, batch: DataBatch) -> torch.Tensor:
+    """One noise seed per sample (ModelBatch.noise_seeds, int64 [B]) from (seed, step, episode, frame): the
+    noise a sample gets is the same whatever the number of processes and after a resume. Computed where the
+    batch's indices are (on the GPU after `to_device`), so drawing the noise needs no host round trip."""
+    if batch.episode_index is None or batch.frame_index is None:
+        raise BatchError("noise_seeds needs DataBatch.episode_index and frame_index (a batch of the data)")
+    return (seed * 1_000_003 + step) * 1_000_000_007 + batch.episode_index * 1_000_003 + batch.frame_index
 
 
 def make_record(*, step, loss_sum, grad_norm, param_groups, lrs, val, state, samples_per_sec, step_time, skipped):
@@ -50,22 +52,23 @@ def make_record(*, step, loss_sum, grad_norm, param_groups, lrs, val, state, sam
     return record
 
 
-def to_device(batch, device):
+def to_device(batch: DataBatch, device: torch.device) -> DataBatch:
     """The batch on `device` (asynchronous from the loader's pinned memory). A `vlm_mask` without
     padding is dropped here, on the host: the model then needs no attention mask, and nothing in the
     step reads a GPU tensor back to find that out."""
-    mask = batch.get("vlm_mask")
-    drop = torch.is_tensor(mask) and mask.device.type == "cpu" and bool(mask.all())
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
-            if not (drop and k == "vlm_mask")}
+    mask = batch.vlm_mask
+    if mask is not None and mask.device.type == "cpu" and bool(mask.all()):
+        batch = batch.replace(vlm_mask=None)
+    return batch.to(device)
 
 
 @torch.no_grad()
-def policy_errors(model, inputs):
+def policy_errors(model: Any, inputs: ModelBatch) -> dict[str, float]:
     """Policy-mode action errors against the constant baseline (always the mean action), in
     normalised units: one sampled chunk (the configured Euler steps), and the model's expected chunk
     (one Euler step from pure noise gives E[actions | observation] for a rectified flow)."""
-    truth = inputs["actions"].float()
+    assert inputs.actions is not None  # a validation batch of the data holds its actions
+    truth = inputs.actions.float()
 
     def mse(num_steps):
         return (model.sample(inputs, "policy", num_steps)["actions"].float() - truth).pow(2).mean().item()
@@ -75,21 +78,24 @@ def policy_errors(model, inputs):
 
 
 @torch.no_grad()
-def prediction_pictures(model, encoders, batch, inputs, stats):
+def prediction_pictures(model: Any, encoders: Any, batch: DataBatch, inputs: ModelBatch,
+                        stats: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Ground-truth vs joint-mode frames and actions (robot units), for TensorBoard. With a latent
     cache the batch holds no frames: the true frames are then the decoded true latents. Decoding
     borrows the VAE onto the GPU for the call when training does not keep it there."""
     from models.report import prediction_figures
     joint = model.sample(inputs, "joint")
-    true_frames = batch["video"] if "video" in batch else encoders.decode_video(inputs["video_latents"])
+    true_frames = batch.video if batch.video is not None else encoders.decode_video(inputs.video_latents)
+    assert inputs.actions is not None
     grid, fig = prediction_figures(true_frames, encoders.decode_video(joint["video_latents"]),
-                                   stats.unnormalize_action(inputs["actions"].float().cpu()),
+                                   stats.unnormalize_action(inputs.actions.float().cpu()),
                                    stats.unnormalize_action(joint["actions"].float().cpu()))
     return {"val/frames_true_vs_predicted": grid}, {"val/actions_true_vs_predicted": fig}
 
 
 @torch.no_grad()
-def validate(engine, encoders, loader, cfg, stats):
+def validate(engine: Any, encoders: Any, loader: Any, cfg: Any,
+             stats: Any) -> tuple[dict[str, float], tuple[dict[str, Any], dict[str, Any]] | None]:
     """Mean losses and policy errors on held-out episodes over `system.val_batches` batches per rank,
     averaged over ranks; rank 0 also returns prediction pictures of the first batch.
 
@@ -105,8 +111,9 @@ def validate(engine, encoders, loader, cfg, stats):
         for i, batch in enumerate(loader):
             if i >= cfg.system.val_batches:
                 break
-            inputs = encoders.encode(to_device(batch, engine.device))
-            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, 0, inputs)  # the same noise every time
+            on_device = to_device(batch, engine.device)
+            inputs = encoders.encode(on_device).replace(  # the same noise every time
+                noise_seeds=noise_seeds(cfg.training.seed, 0, on_device))
             out = engine.model(inputs)
             values = {k: out[k].float().item() for k in ("loss", "video_loss", "action_loss")}
             values.update(policy_errors(model, inputs))

@@ -197,9 +197,8 @@ def main(argv=None):
         lrs = schedule.apply(engine)  # the lr of this update, set before it
         step = state.step + 1
         for micro in range(ga):
-            batch = next(stream)
-            inputs = encoders.encode(to_device(batch, engine.device))
-            inputs["noise_seeds"] = noise_seeds(cfg.training.seed, step, inputs)
+            batch = to_device(next(stream), engine.device)
+            inputs = encoders.encode(batch).replace(noise_seeds=noise_seeds(cfg.training.seed, step, batch))
             out = engine.micro_step(inputs, is_last=micro == ga - 1)
             for k in ("loss", "video_loss", "action_loss"):
                 loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
