@@ -3,7 +3,9 @@ peak memory, tokens/s and MFU of the `small` and `motus` sizes, beside the memor
 
     python benchmarks/gpu_check.py [--sizes small motus] [--batches 1 2 4] [--steps 3] [--skip-tests]
     python benchmarks/gpu_check.py --device cpu --sizes tiny --batches 1 2 --steps 1 --optimizers adamw
-        (the CPU smoke path of tests/test_gpu.py: every line but the CUDA calls; memory columns null)
+        [--overrides common.video_height=128 ...]
+        (the CPU smoke path of tests/test_gpu.py: every line but the CUDA calls; memory columns null;
+        --overrides: config overrides after robotwin.yaml's, recorded in the report)
 
 Each size and optimizer runs in a fresh worker process (one engine; its memory is gone when it
 exits): one process, NCCL (gloo on the CPU), DeepSpeed ZeRO-2 (configs/zero2.json), bf16_mixed,
@@ -119,13 +121,15 @@ def run_gpu_tests(out_dir):
             "output_tail": out[-3000:] + err[-2000:]}
 
 
-def check_config(size_name, opt, batch):
+def check_config(size_name, opt, batch, overrides=()):
+    """`overrides`: --overrides, after the check's own (the CPU smoke test takes smaller frames)."""
     from recipe.config import load_config
 
     return load_config(os.path.join(ROOT, "configs", "robotwin.yaml"),
                        [f"model.size={size_name}", f"training.optimizer={opt}", "dataset.cache_dir=/cache",
                         f"training.batch_size={batch}",
-                        "training.ema.enabled=false"])  # engine_for builds no EMA: keep it out of the prediction
+                        "training.ema.enabled=false",  # engine_for builds no EMA: keep it out of the prediction
+                        *overrides])
 
 
 def engine_for(cfg, device):
@@ -164,7 +168,7 @@ def measure(engine, model, inputs, checkpointing, steps, device):
     return sorted(times)[len(times) // 2], device.peak_gib(), float(out["loss"])
 
 
-def bench_rows(size_name, opt, batches, steps, device, rows_path=None):
+def bench_rows(size_name, opt, batches, steps, device, rows_path=None, overrides=()):
     """Every (checkpointing, batch) row of one size and optimizer, in this process (one engine).
     `rows_path`: rewritten after every row, so a crash keeps the rows measured before it."""
     import deepspeed
@@ -174,7 +178,7 @@ def bench_rows(size_name, opt, batches, steps, device, rows_path=None):
 
     device.select()
     deepspeed.init_distributed(device.backend)
-    cfg = check_config(size_name, opt, max(batches))
+    cfg = check_config(size_name, opt, max(batches), overrides)
     static, per_sample, transient, counts = zero2_prediction(cfg)
     engine, model, size = engine_for(cfg, device)
     tokens = activations.expert_tokens(cfg, model, size)
@@ -230,7 +234,8 @@ def run_worker(size_name, opt, args, rows_path):
     # that into an out-of-memory error. max_memory_allocated, what is compared, is the same either way.
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", size_name, opt, "--rows", rows_path,
-           "--device", args.device, "--steps", str(args.steps), "--batches", *map(str, args.batches)]
+           "--device", args.device, "--steps", str(args.steps), "--batches", *map(str, args.batches),
+           "--overrides", *args.overrides]
     if os.path.exists(rows_path):
         os.remove(rows_path)  # never read a previous run's rows as this one's
     code, _, err = run_bounded(cmd, WORKER_TIMEOUT_S, env)
@@ -307,12 +312,20 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: the smoke path (gloo, no GPU tests, memory columns null)")
     p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides after robotwin.yaml's, e.g. smaller frames for the CPU smoke test")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "gpu_check.json"))
     p.add_argument("--worker", nargs=2, metavar=("SIZE", "OPTIMIZER"), help=argparse.SUPPRESS)
     p.add_argument("--rows", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps is {args.steps}; expected at least 1 timed step")
+    from utils.config import ConfigError
+
+    try:  # a bad override is one message here, not a failed row per worker
+        check_config(*(args.worker or (args.sizes[0], args.optimizers[0])), max(args.batches), args.overrides)
+    except ConfigError as e:
+        p.error(f"--overrides: {e}")
     return args
 
 
@@ -324,7 +337,7 @@ def main(argv=None):
               "GPU and a CUDA build of torch are present (or pass --device cpu for the smoke path)", file=sys.stderr)
         return 2
     if args.worker:
-        bench_rows(*args.worker, args.batches, args.steps, device, args.rows)
+        bench_rows(*args.worker, args.batches, args.steps, device, args.rows, args.overrides)
         return 0
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
@@ -333,6 +346,7 @@ def main(argv=None):
     if device.cuda and not args.skip_tests:
         print(f"gpu_check: running the GPU tests (pytest -m gpu {' '.join(GPU_TESTS)}) ...", flush=True)
     report = {"device": name, "device_memory_gib": device.total_gib(), "bf16_peak_tflops": tflops,
+              "overrides": args.overrides,
               "tests": None if args.skip_tests or not device.cuda else run_gpu_tests(out_dir), "rows": []}
     if report["tests"]:
         print(f"gpu_check: GPU tests: {report['tests']['summary']} ({report['tests']['seconds']} s)", flush=True)

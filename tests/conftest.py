@@ -20,3 +20,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_yaml(tmp_path_factory):
+    """tests/helpers.TINY_YAML as a file; its frozen parts, built by the first test that needs them, serve
+    every test file of the session (test_models, test_encoders_cache, test_fake_cuda)."""
+    from tests.helpers import TINY_YAML
+
+    root = tmp_path_factory.mktemp("tiny")
+    path = root / "tiny.yaml"
+    path.write_text(TINY_YAML.format(d=root / "assets"))
+    return str(path)

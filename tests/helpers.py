@@ -54,6 +54,19 @@ def losses(records):
     return {r["step"]: r["loss"] for r in records}
 
 
+# The tiny architecture at 64x64, 4-D actions, on its own tiny frozen parts under `{d}` (built on first
+# use): the model-level tests' recipe. conftest's `tiny_yaml` writes it once a session.
+TINY_YAML = """
+common: {{action_dim: 4, state_dim: 4, num_video_frames: 4, video_height: 64, video_width: 64,
+         global_downsample_rate: 2, video_action_freq_ratio: 2}}
+model:
+  size: tiny
+  wan: {{vae_path: {d}/vae, text_encoder_path: {d}/text_encoder}}
+  vlm: {{checkpoint_path: {d}/vlm}}
+  und_expert: {{vlm: {{input_dim: 32}}}}
+"""
+
+
 def config_from(tmp_path, sections):
     """Write `sections` as a YAML file in tmp_path and load it through the real schema."""
     import yaml

@@ -11,23 +11,12 @@ from utils.batch import DataBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY_YAML = """
-common: {{action_dim: 4, state_dim: 4, num_video_frames: 4, video_height: 64, video_width: 64,
-         global_downsample_rate: 2, video_action_freq_ratio: 2}}
-model:
-  size: tiny
-  wan: {{vae_path: {d}/vae, text_encoder_path: {d}/text_encoder}}
-  vlm: {{checkpoint_path: {d}/vlm}}
-  und_expert: {{vlm: {{input_dim: 32}}}}
-"""
 PROMPTS = ["push the red cube left", "open the drawer", "pick up the blue cup and place it on the shelf"]
 
 
 @pytest.fixture(scope="module")
-def tiny_cfg(tmp_path_factory):
-    root = tmp_path_factory.mktemp("encoders")
-    (root / "tiny.yaml").write_text(TINY_YAML.format(d=root / "assets"))
-    return load_config(str(root / "tiny.yaml"))
+def tiny_cfg(tiny_yaml):
+    return load_config(tiny_yaml)
 
 
 @pytest.fixture(scope="module")

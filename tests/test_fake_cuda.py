@@ -164,31 +164,16 @@ def fake_cuda():
         yield traffic
 
 
-TINY_YAML = """
-common: {{action_dim: 4, state_dim: 4, num_video_frames: 4, video_height: 64, video_width: 64,
-         global_downsample_rate: 2, video_action_freq_ratio: 2}}
-model:
-  size: tiny
-  mode: finetune
-  wan: {{vae_path: {d}/vae, text_encoder_path: {d}/text_encoder}}
-  vlm: {{checkpoint_path: {d}/vlm}}
-  und_expert: {{vlm: {{input_dim: 32}}}}
-  inference: {{num_inference_timesteps: 2}}
-training:
-  batch_size: 2
-  optimizer: muon_adamw
-  ema: {{enabled: true, start_step: 1}}
-"""
+# tests/helpers.TINY_YAML (conftest's `tiny_yaml`) as a fine-tune with Muon, an EMA and 2 sampling steps
+FAKE_CUDA_RECIPE = ["model.mode=finetune", "model.inference.num_inference_timesteps=2", "training.batch_size=2",
+                    "training.optimizer=muon_adamw", "training.ema.enabled=true", "training.ema.start_step=1"]
 
 
 @pytest.fixture(scope="module")
-def tiny_cfg(tmp_path_factory):
+def tiny_cfg(tiny_yaml):
     from recipe.config import load_config
 
-    root = tmp_path_factory.mktemp("fake_cuda_tiny")
-    path = root / "tiny.yaml"
-    path.write_text(TINY_YAML.format(d=root / "assets"))
-    cfg = load_config(str(path))
+    cfg = load_config(tiny_yaml, FAKE_CUDA_RECIPE)
     build_on_cpu(cfg)  # the tiny frozen parts, written on first use
     return cfg
 
@@ -271,6 +256,18 @@ def engine_on_fake_cuda(cfg, model):
     return Engine(_Accelerator(), model, optimizer, cfg)
 
 
+@contextlib.contextmanager
+def training_on_fake_cuda(cfg, model, encoders):
+    """Inside fake_cuda(): the engine on the GPU, the encoders moved there and the non-finite guard
+    -> (traffic, engine, guard)."""
+    from train.guard import NonFiniteGuard
+
+    with fake_cuda() as traffic:
+        engine = engine_on_fake_cuda(cfg, model)
+        encoders.to(engine.device)
+        yield traffic, engine, NonFiniteGuard(types.SimpleNamespace(skipped_nonfinite_steps=0), 3, engine.device)
+
+
 def train_step(engine, encoders, batch, cfg, step, guard):
     """The body of train/train.py's loop for one update of one micro-batch, and its logging record."""
     from train.steps import TrainerState, make_record, noise_seeds, to_device
@@ -296,14 +293,9 @@ def assert_on_cuda(tensors, what):
 
 # ---- (a) the training step ---------------------------------------------------------------------------
 def test_training_step_from_a_raw_batch_stays_on_the_gpu(tiny_cfg, fake_cuda_guard):
-    from train.guard import NonFiniteGuard
-
     model, encoders = build_on_cpu(tiny_cfg)
     vlm_stand_in(encoders)
-    with fake_cuda() as traffic:
-        engine = engine_on_fake_cuda(tiny_cfg, model)
-        encoders.to(engine.device)
-        guard = NonFiniteGuard(types.SimpleNamespace(skipped_nonfinite_steps=0), 3, engine.device)
+    with training_on_fake_cuda(tiny_cfg, model, encoders) as (traffic, engine, guard):
         for step in (1, 2):
             traffic.clear()
             inputs = train_step(engine, encoders, raw_batch(tiny_cfg), tiny_cfg, step, guard)
@@ -324,7 +316,6 @@ def test_training_step_from_a_latent_cache_batch_moves_no_frozen_part(tiny_cfg, 
     """A batch as data/cache.py gives it (latents, text embeddings and VLM features, padded VLM rows) trains
     with no frozen part on the GPU and no upload but the batch's own."""
     from data.stream import collate
-    from train.guard import NonFiniteGuard
 
     model, encoders = build_on_cpu(tiny_cfg)
     vlm_stand_in(encoders)
@@ -338,10 +329,7 @@ def test_training_step_from_a_latent_cache_batch_moves_no_frozen_part(tiny_cfg, 
         row["episode_index"], row["frame_index"] = b, 3 + b
         rows.append(row)
     batch = collate(rows)
-    with fake_cuda() as traffic:
-        engine = engine_on_fake_cuda(tiny_cfg, model)
-        encoders.to(engine.device)
-        guard = NonFiniteGuard(types.SimpleNamespace(skipped_nonfinite_steps=0), 3, engine.device)
+    with training_on_fake_cuda(tiny_cfg, model, encoders) as (traffic, engine, guard):
         traffic.clear()
         inputs = train_step(engine, encoders, batch, tiny_cfg, 1, guard)
         assert_on_cuda(inputs, "the cached inputs")
@@ -475,14 +463,9 @@ def test_every_evaluation_mode_samples_on_the_gpu(tiny_cfg, fake_cuda_guard):
 
 def test_ema_update_and_swap_stay_on_the_gpu(tiny_cfg, fake_cuda_guard):
     """The EMA's update after a step and its swap into the weights around a validation sample (train/ema.py)."""
-    from train.guard import NonFiniteGuard
-
     model, encoders = build_on_cpu(tiny_cfg)
     vlm_stand_in(encoders)
-    with fake_cuda() as traffic:
-        engine = engine_on_fake_cuda(tiny_cfg, model)
-        encoders.to(engine.device)
-        guard = NonFiniteGuard(types.SimpleNamespace(skipped_nonfinite_steps=0), 3, engine.device)
+    with training_on_fake_cuda(tiny_cfg, model, encoders) as (traffic, engine, guard):
         inputs = train_step(engine, encoders, raw_batch(tiny_cfg), tiny_cfg, 1, guard)
         traffic.clear()
         engine.ema.update(2)

@@ -113,10 +113,16 @@ def test_gpu_check_says_no_gpu_on_a_cpu_machine(tmp_path):
     assert "gpu_check: no GPU" in r.stderr and not out.exists()
 
 
+SMALL = ["common.video_height=128", "common.video_width=96", "common.num_video_frames=4",
+         "model.action_expert.hidden_size=128", "model.und_expert.hidden_size=128", "model.und_expert.vlm.input_dim=64"]
+
+
 def test_gpu_check_worker_path_runs_on_cpu(tmp_path, capsys):
     """The GPU check's whole path (main -> run_worker -> bench_rows -> engine_for -> measure) on the
-    CPU: gloo, the tiny size at the robotwin shapes, both optimizers, 1 timed step. Only the CUDA
-    calls of its Device are skipped, so the memory columns are null, never stand-ins."""
+    CPU: gloo, the tiny size at robotwin.yaml's settings with smaller frames and experts (--overrides:
+    the full shapes and widths cost a minute of CPU steps and test no other line), both optimizers,
+    1 timed step. Only the CUDA calls of its Device are skipped, so the memory columns are null,
+    never stand-ins."""
     from benchmarks import gpu_check
     from models.build import vae_compression
     from models.sizes import get_size
@@ -124,15 +130,16 @@ def test_gpu_check_worker_path_runs_on_cpu(tmp_path, capsys):
 
     out = tmp_path / "gpu_check.json"
     code = gpu_check.main(["--device", "cpu", "--sizes", "tiny", "--batches", "1", "2", "--steps", "1",
-                           "--out", str(out)])
+                           "--out", str(out), "--overrides", *SMALL])
     report = json.loads(out.read_text())
     assert code == 0, capsys.readouterr().out + json.dumps(report["rows"], indent=1)
     rows = report["rows"]
+    assert report["overrides"] == SMALL
     assert [(r["optimizer"], r["gradient_checkpointing"], r["batch"]) for r in rows] == [
         (o, c, b) for o in ("adamw", "muon_adamw") for c in (True, False) for b in (1, 2)]
     # an independent count of the tokens per sample from the config: Wan's 2x2 patches of the latents,
     # [state | chunk | registers], the VLM's merged image cells of one frame plus the prompt
-    cfg = gpu_check.check_config("tiny", "adamw", 2)
+    cfg = gpu_check.check_config("tiny", "adamw", 2, SMALL)
     size, c = get_size("tiny"), cfg.common
     temporal, spatial = vae_compression(size.vae)
     video = (1 + c.num_video_frames // temporal) * (c.video_height // spatial // 2) * (c.video_width // spatial // 2)
@@ -147,7 +154,8 @@ def test_gpu_check_worker_path_runs_on_cpu(tmp_path, capsys):
         assert r["tokens_per_s"] == pytest.approx(r["tokens_per_sample"] * r["batch"] / r["step_s"], rel=1e-3, abs=1)
         assert r["peak_gib"] is None and r["measured_over_predicted"] is None and r["mfu"] is None
         # the check's prediction is the memory model's own (summary.predict_peak rounds to 0.01 GiB)
-        expected = predict_peak(gpu_check.check_config("tiny", r["optimizer"], 2), r["batch"], r["gradient_checkpointing"])
+        expected = predict_peak(gpu_check.check_config("tiny", r["optimizer"], 2, SMALL), r["batch"],
+                                r["gradient_checkpointing"])
         assert r["predicted_peak_gib"] > 0 and abs(r["predicted_peak_gib"] - expected) <= 0.005 + 1e-9, (r, expected)
     s = report["summary"]
     assert s["workers_failed"] == [] and s["memory_target_met"] is None and s["tests_passed"] is None

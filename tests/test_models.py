@@ -19,24 +19,6 @@ from utils.batch import DataBatch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY_YAML = """
-common: {{action_dim: 4, state_dim: 4, num_video_frames: 4, video_height: 64, video_width: 64,
-         global_downsample_rate: 2, video_action_freq_ratio: 2}}
-model:
-  size: tiny
-  wan: {{vae_path: {d}/vae, text_encoder_path: {d}/text_encoder}}
-  vlm: {{checkpoint_path: {d}/vlm}}
-  und_expert: {{vlm: {{input_dim: 32}}}}
-"""
-
-
-@pytest.fixture(scope="module")
-def tiny_yaml(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    path = root / "tiny.yaml"
-    path.write_text(TINY_YAML.format(d=root / "assets"))
-    return str(path)
-
 
 @pytest.fixture(scope="module")
 def tiny(tiny_yaml):

@@ -320,6 +320,10 @@ def test_a_checkpoint_for_another_action_dim_is_refused_naming_both(aloha_export
 
 
 def test_ctrl_c_stops_the_server_and_the_workers_and_writes_nothing(aloha_export, tmp_path):
+    """Ctrl-C once both workers have connected to the server (its log in the run's partial folder says so).
+    The server answers a batch only when 3 queries are in or after 600 s, so the 2 workers' first queries
+    wait there: the interrupt finds them in their episodes, whatever the machine's speed."""
+    import glob
     import signal
     import threading
     import time
@@ -328,15 +332,20 @@ def test_ctrl_c_stops_the_server_and_the_workers_and_writes_nothing(aloha_export
 
     out = tmp_path / "report"
     proc = subprocess.Popen([sys.executable, "-m", "inference.rollout", "--task", "transfer_cube", "--checkpoint",
-                             aloha_export, "--episodes", "40", "--workers", "2", "--videos", "0", "--baselines", "",
-                             "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             aloha_export, "--episodes", "2", "--workers", "2", "--videos", "0", "--baselines", "",
+                             "--out", str(out), "serving.max_batch_size=3", "serving.batch_window_ms=600000"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err = []
     threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
+
+    def clients():  # the rollout's own metadata query, then one connection per worker
+        logs = glob.glob(str(tmp_path / ".report.partial_*" / "server.log"))
+        return sum(" connected" in line for line in open(logs[0])) if logs else 0
+
     deadline = time.monotonic() + 300  # a hang guard: the server loads the model first
-    while not any("episodes (policy) on 2 workers" in line for line in err):
+    while clients() < 3:
         assert proc.poll() is None and time.monotonic() < deadline, "".join(err)
         time.sleep(0.2)
-    time.sleep(3)  # the workers are in their episodes (40 of them: far more than 3 s of work on any machine)
     started = psutil.Process(proc.pid).children(recursive=True)
     assert any("inference.serve" in " ".join(p.cmdline()) for p in started) and len(started) >= 3
     proc.send_signal(signal.SIGINT)
