@@ -263,11 +263,11 @@ class _Accelerator:
 
 def engine_on_fake_cuda(cfg, model):
     from optim import build_optimizer
-    from train.engine import Engine
+    from train.launch import make_engine
 
     model.to(CUDA)
     optimizer = build_optimizer(model.named_parameters(), cfg.training, 1, cfg.system.speed.fused_adamw)
-    return Engine(_Accelerator(), model, optimizer, cfg)
+    return make_engine(_Accelerator(), model, optimizer, cfg)
 
 
 def train_step(engine, encoders, batch, cfg, step, guard):
