@@ -14,8 +14,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from checkpoint import disk  # noqa: E402
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
-from checkpoint.state import Document, PerRank, RandomState, Registry, Shared  # noqa: E402
+from checkpoint.state import Document, PerRank, RandomState, Registry, Shared, Stateful  # noqa: E402
 from recipe.config import config_stem, load_config, save_config  # noqa: E402
 from train.config import check_launch  # noqa: E402
 from train.ema import optimizer_state_report  # noqa: E402
@@ -108,7 +111,8 @@ def load_resume_weights(model, path):
     model.load_state_dict({k: v for k, v in weights.items() if k in model.state_dict()}, strict=False)
 
 
-def checkpoint_parts(cfg, engine, state, stream, schedule, stats) -> Registry:
+def checkpoint_parts(cfg: DictConfig, engine: Engine, state: TrainerState, stream: Stateful, schedule: LRSchedule,
+                     stats: Any) -> Registry:
     """Everything a checkpoint holds, each part registered once, restored in this order on resume.
     The engine (weights, optimizer, EMA) is not restored with resume.reset_optimizer (the weights were
     loaded at build), the lr schedule not with resume.reset_scheduler (it starts again)."""
@@ -118,7 +122,7 @@ def checkpoint_parts(cfg, engine, state, stream, schedule, stats) -> Registry:
     parts.register("data", Shared(stream))
     parts.register("schedule", Shared(schedule), restore=not cfg.resume.reset_scheduler)
     parts.register("rng", PerRank(RandomState()))  # after every part that may draw while it loads
-    parts.register("config.yaml", Document(lambda path: save_config(cfg, path)))
+    parts.register("config.yaml", Document(lambda path: disk.fsync_write(path, OmegaConf.to_yaml(cfg))))
     if stats is not None:
         parts.register("norm_stats.json", Document(stats.save))
     return parts
@@ -136,7 +140,8 @@ def restore(checkpointer, path, parts, state, cfg, edits):
                  cfg.finetune.checkpoint_path)
 
 
-def validate_raw_and_ema(engine: Engine, encoders, val_loader, cfg, stats):
+def validate_raw_and_ema(engine: Engine, encoders: Any, val_loader: Any, cfg: DictConfig,
+                         stats: Any) -> tuple[dict[str, float], Any]:
     """Validation losses and pictures; with training.ema, the same validation with the EMA weights
     (val_ema_* keys) once the EMA holds an average."""
     val, pictures = validate(engine, encoders, val_loader, cfg, stats)
