@@ -59,7 +59,7 @@ GUARD_SOURCE = ("#include <c10/core/impl/DeviceGuardImplInterface.h>\n"
 
 # Each entry: a project function name (qualified as Python prints it) whose traffic is by design.
 TRAIN_READS = {
-    "Engine.optimizer_step": "whether the update runs is host control flow: one agreed flag per step",
+    "DDPEngine.optimizer_step": "whether the update runs is host control flow: one agreed flag per step",
     "make_record": "the logged losses and gradient norm, at a logging step",
 }
 TRAIN_UPLOADS = {"to_device": "the batch, from the loader's pinned memory (non_blocking)"}
