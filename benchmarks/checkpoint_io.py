@@ -29,7 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import checkpoint.checkpointer as ck  # noqa: E402
 from checkpoint.manifest import digest_files  # noqa: E402
+from checkpoint.state import Registry, Shared  # noqa: E402
 from recipe.config import load_config  # noqa: E402
+from train.steps import TrainerState  # noqa: E402
 
 GB = 1e9
 
@@ -51,10 +53,11 @@ class SizedEngine:
         self.tensors = {"mp_rank_00_model_states.pt": torch.randint(0, 255, (weights,), dtype=torch.uint8),
                         "zero_pp_rank_0_mp_rank_00_optim_states.pt": torch.randint(0, 255, (optim,), dtype=torch.uint8)}
 
-    def save(self, directory):
-        os.makedirs(os.path.join(directory, "engine"), exist_ok=True)
+    def save(self, folder):
+        """The checkpoint part "engine": its shards in `folder`."""
+        os.makedirs(folder, exist_ok=True)
         for name, tensor in self.tensors.items():
-            torch.save(tensor, os.path.join(directory, "engine", name))
+            torch.save(tensor, os.path.join(folder, name))
 
 
 def sizes_only(root, rels):
@@ -72,7 +75,10 @@ def time_saves(engine, folder, repeats, checksums):
         saver = ck.Checkpointer(run, cfg)
         ck.digest_files = digest_files if checksums else sizes_only
         start = time.perf_counter()
-        saver.save(1, engine, {"step": 1}, None, {"weights_finite": True, "loss_finite": True})
+        parts = Registry()
+        parts.register("engine", engine)
+        parts.register("trainer_state", Shared(TrainerState(step=1)))
+        saver.save(1, parts, {"weights_finite": True, "loss_finite": True})
         times.append(time.perf_counter() - start)
         shutil.rmtree(run)
     ck.digest_files = digest_files
@@ -117,8 +123,7 @@ def main():
             with_sums = time_saves(engine, folder, args.repeats, checksums=True)
             # a save left in place, for the hash rates on its weights file
             run = os.path.join(folder, "rates")
-            os.makedirs(os.path.join(run, "engine"))
-            engine.save(run)
+            engine.save(os.path.join(run, "engine"))
             rates = hash_rates(os.path.join(run, "engine", "mp_rank_00_model_states.pt"))
             shutil.rmtree(run)
             results.append({"size": size, "checkpoint_gb": (weights + optim) / GB, "save_s_without_checksums": without,

@@ -56,7 +56,8 @@ def _slowest(seconds, device):
 def worker(args):
     from data import build_train_stream
     from recipe.config import load_config
-    from train.engine import Engine, load_deepspeed_config, make_accelerator
+    from train.config import load_deepspeed_config
+    from train.launch import make_accelerator, make_engine
     from train.train import build_everything, make_generated_inputs
     from utils import dist
 
@@ -66,7 +67,7 @@ def worker(args):
     accelerator = make_accelerator(ds, cfg.system.dist_timeout_minutes)
     dist.fail_together(make_generated_inputs, cfg)
     (train_set, _, _), model, encoders, optimizer = dist.fail_together(build_everything, cfg, dist.world_size())
-    engine = Engine(accelerator, model, optimizer, cfg)
+    engine = make_engine(accelerator, model, optimizer, cfg)
     encoders.to(engine.device)
     stream = build_train_stream(train_set, cfg, dist.rank(), dist.world_size())
     engine.train()

@@ -9,7 +9,8 @@ import glob
 import os
 import sys
 
-from checkpoint.checkpointer import PREFIX, _step_of, complete_checkpoints, is_complete, saved_health, verify
+from checkpoint.checkpointer import (PREFIX, _step_of, complete_checkpoints, is_complete, quick_check, saved_health,
+                                    verify)
 from checkpoint.zero import CheckpointConvertError, describe
 
 
@@ -44,8 +45,9 @@ def describe_command(path):
     if not os.path.isdir(os.path.join(path, "engine")):
         print(f"{path}: expected a {PREFIX}N folder with an engine/ subfolder", file=sys.stderr)
         return 1
+    manifest, _ = quick_check(path)  # it records the world size that wrote the checkpoint
     try:
-        print(describe(path))
+        print(describe(path, manifest["world_size"] if manifest else None))
     except CheckpointConvertError as e:
         print(e, file=sys.stderr)
         return 1

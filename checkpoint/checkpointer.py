@@ -1,14 +1,11 @@
 """Crash-safe training checkpoints: write under a temporary name, list every file with its checksum,
 mark complete, rename.
 
-Layout of `{run_dir}/checkpoint_step_{N}/`:
-  engine/            model + optimizer state (DeepSpeed shards, or DDP's full state)
-  trainer_state.json step, samples seen, lr schedule, data stream position, world size
-  rng/rank_{r}.pt    python, numpy and torch RNG states of every rank
-  config.yaml        the resolved config
-  norm_stats.json    the normalisation statistics
-  MANIFEST.json      every file above with its size and checksum, and whether the weights and the
-                     last loss were finite (checkpoint/manifest.py)
+Layout of `{run_dir}/checkpoint_step_{N}/`: one file or folder per part of the run's state, each
+registered once with a checkpoint.state.Registry (train/train.py registers them; this module does not
+know what they are), then
+  MANIFEST.json      every file of the parts with its size and checksum, the number of ranks that wrote
+                     them, and whether the weights and the last loss were finite (checkpoint/manifest.py)
   COMPLETE           written last, before the rename: the step and the manifest's checksum
 `{run_dir}/latest` names the newest complete checkpoint.
 
@@ -19,20 +16,18 @@ import contextlib
 import errno
 import glob
 import hashlib
-import json
 import logging
 import os
-import random
 import re
 import shutil
+from typing import Any
 
-import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from checkpoint import disk
 from checkpoint.manifest import (MANIFEST, CheckpointCorrupt, check_digests, check_format, check_sizes,
                                  digest_files, list_files, manifest_bytes, read_manifest, share)
+from checkpoint.state import PER_RANK_PATTERN, Registry
 from checkpoint.zero import shard_rank
 from utils import dist
 
@@ -44,13 +39,6 @@ log = logging.getLogger("checkpoint")
 
 class CheckpointSaveError(RuntimeError):
     """A save failed on some rank; raised on every rank, after the partial save was removed."""
-
-
-def _fsync_write(path, data):
-    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _step_of(path):
@@ -66,21 +54,6 @@ def complete_checkpoints(run_dir):
     """Complete checkpoints of a run, oldest first."""
     found = [p for p in glob.glob(os.path.join(run_dir, PREFIX + "*")) if is_complete(p)]
     return sorted(found, key=_step_of)
-
-
-def rng_state():
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state):
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 # --- verification --------------------------------------------------------------------------------
@@ -139,6 +112,14 @@ def saved_health(path):
     """{"weights_finite", "loss_finite"} recorded at save time, or None when the manifest cannot be read."""
     manifest, _ = quick_check(path)
     return manifest["health"] if manifest else None
+
+
+def saved_world_size(path: str) -> int:
+    """The number of ranks that wrote checkpoint `path` (its manifest records it)."""
+    manifest, problems = quick_check(path)
+    if manifest is None:
+        raise CheckpointCorrupt(problems[0])
+    return int(manifest["world_size"])
 
 
 def _healthy(path):
@@ -207,17 +188,18 @@ def resolve_resume_path(path, run_dir, key="resume.checkpoint_path"):
 
 
 # --- saving --------------------------------------------------------------------------------------
-def seal(folder, step, files, health):
-    """Write the manifest of `files` ({rel: digest_files' record}) and then the COMPLETE marker naming
-    the manifest's checksum: the last two files of a checkpoint, in the order a reader relies on."""
-    raw = manifest_bytes(step, files, health)
-    _fsync_write(os.path.join(folder, MANIFEST), raw)
-    _fsync_write(os.path.join(folder, MARKER), f"{step}\nmanifest {hashlib.sha256(raw).hexdigest()}\n")
+def seal(folder: str, step: int, files: dict[str, Any], health: dict[str, bool], world_size: int) -> None:
+    """Write the manifest of `files` ({rel: digest_files' record}, written by `world_size` ranks) and then
+    the COMPLETE marker naming the manifest's checksum: the last two files of a checkpoint, in the order
+    a reader relies on."""
+    raw = manifest_bytes(step, files, health, world_size)
+    disk.fsync_write(os.path.join(folder, MANIFEST), raw)
+    disk.fsync_write(os.path.join(folder, MARKER), f"{step}\nmanifest {hashlib.sha256(raw).hexdigest()}\n")
 
 
 def _owner(rel):
     """The rank that wrote file `rel` of a checkpoint (it checksums it)."""
-    m = re.fullmatch(r"rng/rank_(\d+)\.pt", rel)
+    m = re.search(PER_RANK_PATTERN + "$", rel)
     if m:
         return int(m.group(1))
     return shard_rank(os.path.basename(rel)) or 0
@@ -228,10 +210,10 @@ def checkpoint_size(path):
 
 
 class Checkpointer:
-    """Saves and restores everything a run needs to continue exactly."""
+    """Saves and restores the registered parts of a run (checkpoint/state.py), crash-safe."""
 
-    def __init__(self, run_dir, cfg):
-        """`cfg`: the run's config, saved with every checkpoint; its system.total_limit is the retention."""
+    def __init__(self, run_dir: str, cfg: Any) -> None:
+        """`cfg`: the run's config; its system.total_limit is the retention."""
         self.run_dir = run_dir
         self.cfg = cfg
 
@@ -244,9 +226,9 @@ class Checkpointer:
             if os.path.exists(os.path.join(self.run_dir, "latest.tmp")):
                 os.remove(os.path.join(self.run_dir, "latest.tmp"))
 
-    def save(self, step, engine, trainer_state, norm_stats, health):
-        """Collective: call on every rank. `health`: {"weights_finite", "loss_finite"} (the same on
-        every rank), recorded in the manifest."""
+    def save(self, step: int, parts: Registry, health: dict[str, bool]) -> str:
+        """Collective: call on every rank. Every part of `parts` writes its files; `health`:
+        {"weights_finite", "loss_finite"} (the same on every rank), recorded in the manifest."""
         final = os.path.join(self.run_dir, f"{PREFIX}{step}")
         if is_complete(final):  # a rewound run reached a step saved before: keep what is on disk
             if dist.is_main():
@@ -255,7 +237,7 @@ class Checkpointer:
         tmp = os.path.join(self.run_dir, f".tmp_{PREFIX}{step}")
         self.warn_if_short_of_space(step)
         self._together(step, tmp, self._prepare, tmp)
-        self._together(step, tmp, self._write, tmp, engine, trainer_state, norm_stats)
+        self._together(step, tmp, self._write, tmp, parts)
         files = {}
         for part in self._together(step, tmp, self._digest_own, tmp):
             files.update(part)
@@ -303,16 +285,11 @@ class Checkpointer:
     def _prepare(self, tmp):
         if dist.is_main():
             shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(os.path.join(tmp, "rng"))
+            os.makedirs(tmp)
 
-    def _write(self, tmp, engine, trainer_state, norm_stats):
-        engine.save(tmp)
-        torch.save(rng_state(), os.path.join(tmp, "rng", f"rank_{dist.rank()}.pt"))
-        if dist.is_main():  # while the other ranks write their shards
-            _fsync_write(os.path.join(tmp, "trainer_state.json"), json.dumps(trainer_state, indent=1))
-            _fsync_write(os.path.join(tmp, "config.yaml"), OmegaConf.to_yaml(self.cfg))
-            if norm_stats is not None:
-                norm_stats.save(os.path.join(tmp, "norm_stats.json"))
+    def _write(self, tmp, parts):
+        for name, part in parts:
+            part.save(os.path.join(tmp, name))
 
     def _digest_own(self, tmp):
         """Checksums of the files this rank wrote (its page cache holds them), all ranks at once."""
@@ -322,9 +299,9 @@ class Checkpointer:
     def _commit(self, tmp, final, step, files, health):
         if not dist.is_main():
             return
-        seal(tmp, step, files, health)
+        seal(tmp, step, files, health, dist.world_size())
         # `latest` is prepared before the rename: after it, nothing is left to write
-        _fsync_write(os.path.join(self.run_dir, "latest.tmp"), os.path.basename(final) + "\n")
+        disk.fsync_write(os.path.join(self.run_dir, "latest.tmp"), os.path.basename(final) + "\n")
         os.replace(tmp, final)  # the save has succeeded: `auto` finds complete checkpoints by name
         try:
             os.replace(os.path.join(self.run_dir, "latest.tmp"), os.path.join(self.run_dir, "latest"))
@@ -379,13 +356,9 @@ class Checkpointer:
             log.warning("retention could not delete an old checkpoint of %s (%s); it is retried at the next "
                         "save", self.run_dir, e)
 
-    def load(self, path, load_engine):
-        """Restore engine state (via `load_engine(path)`), this rank's RNG; return the trainer state.
+    def load(self, path: str, parts: Registry) -> None:
+        """Collective: restore every part of `parts` registered to be restored, in registration order.
         `path` comes from resolve_resume_path, which verified every file's checksum."""
-        load_engine(path)
-        with open(os.path.join(path, "trainer_state.json")) as f:
-            state = json.load(f)
-        rng_file = os.path.join(path, "rng", f"rank_{dist.rank()}.pt")
-        if state.get("world_size") == dist.world_size() and os.path.exists(rng_file):
-            set_rng_state(torch.load(rng_file, weights_only=False))
-        return state
+        world_size = saved_world_size(path)
+        for name, part in parts.restored():
+            part.load(os.path.join(path, name), world_size)

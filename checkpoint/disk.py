@@ -29,3 +29,11 @@ def device_of(path: str) -> str:
     except OSError:
         return f"the file system of {path}"
     return f"{best[0]} ({best[1]})"
+
+
+def fsync_write(path: str, data: str | bytes) -> None:
+    """Write `path` and flush it to the disk before returning (a checkpoint's small files)."""
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

@@ -13,10 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Collection, Sequence
 
 MANIFEST = "MANIFEST.json"
-FORMAT = 1
-"""The checkpoint format: what a checkpoint_step_N folder holds (this manifest, the COMPLETE marker naming
-its checksum, trainer_state.json, rng/, engine/ with zero_layout.json, config.yaml). A reader accepts
-this format only; change the number whenever the folder's contents change meaning."""
+FORMAT = 2
+"""The checkpoint format: what a checkpoint_step_N folder holds (this manifest with the world size that
+wrote it, the COMPLETE marker naming its checksum, one file or folder per registered part: train/train.py
+`checkpoint_parts`). A reader accepts this format only; change the number whenever the folder's contents
+change meaning. 2: the parts of checkpoint/state.py (trainer_state.json, data.json, schedule.json, rng/,
+engine/ with a zero_layout.json without world size); the world size in the manifest only."""
 ALGORITHM = "sha256-of-16MiB-chunk-sha256"
 CHUNK = 16 << 20
 THREADS = max(1, min(8, os.cpu_count() or 1))
@@ -58,9 +60,9 @@ def digest_files(root: str, rels: Sequence[str]) -> dict[str, FileRecord]:
             for rel in rels}
 
 
-def manifest_bytes(step: int, files: dict[str, FileRecord], health: dict[str, bool]) -> bytes:
-    return json.dumps({"format": FORMAT, "step": step, "algorithm": ALGORITHM, "health": health,
-                       "files": dict(sorted(files.items()))}, indent=1).encode()
+def manifest_bytes(step: int, files: dict[str, FileRecord], health: dict[str, bool], world_size: int) -> bytes:
+    return json.dumps({"format": FORMAT, "step": step, "world_size": world_size, "algorithm": ALGORITHM,
+                       "health": health, "files": dict(sorted(files.items()))}, indent=1).encode()
 
 
 def read_manifest(path: str, expected_digest: str) -> dict[str, Any]:

@@ -10,9 +10,12 @@ the tensors of a group by world size (to balance Newton-Schulz work), so we inst
 every piece by parameter name from a layout file saved beside the shards.
 
 At save time every rank calls `save_layout(engine, engine_dir)` after `engine.save_checkpoint`.
-At load time `reshard_if_needed(engine, engine_dir)` returns False when the world size is the
-same (then `engine.load_checkpoint` does the job) and otherwise loads the checkpoint itself:
-this rank reads only the old slices that overlap its new partition (memory-mapped).
+At load time `reshard_if_needed(engine, engine_dir, saved_world_size)` returns False when the world
+size is the same (then `engine.load_checkpoint` does the job) and otherwise loads the checkpoint
+itself: this rank reads only the old slices that overlap its new partition (memory-mapped). The
+world size a checkpoint was written at is recorded once, in its manifest (checkpoint/manifest.py);
+a ZeRO layout implies it too (flat size / partition size). DeepSpeed's internals are read through
+optim/deepspeed_adapter.py.
 
 `python -m checkpoint describe <checkpoint_step_N>` prints what a checkpoint holds and
 checks that every parameter can be rebuilt (no conversion command is needed: the slice a rank
@@ -23,12 +26,16 @@ import json
 import os
 import re
 
+from typing import Any
+
 import torch
 
 from checkpoint.manifest import FORMAT
+from optim.deepspeed_adapter import (PartitionGroup, base_optimizer, forget_linked_state, partition_groups,
+                                     refresh_module_weights, restore_loss_scaler, restore_step_counters, zero_stage)
 
 LAYOUT_FILE = "zero_layout.json"
-LAYOUT_FORMAT = 1
+LAYOUT_FORMAT = 2
 MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
 # The EMA of the weights (train/ema.py): under ZeRO-1/2 rank r's slice, laid out like its fp32
 # master partition ({"updates": n, "partitions": [one flat tensor per group]}); under DDP and
@@ -66,34 +73,20 @@ def _unsupported(engine):
     return None
 
 
-def zero_stage(engine):
-    return engine.zero_optimization_stage() if engine.zero_optimization() else 0
-
-
-def fp32_partitions(engine):
-    """This rank's fp32 master weights under ZeRO-1/2: one flat tensor per param group (the
-    slice of the group's padded flat buffer that this rank owns and updates)."""
-    return list(engine.optimizer.single_partition_of_fp32_groups)
-
-
-def refresh_module_weights(engine):
-    """Copy the fp32 partitions into the module's weights (all-gathered across ranks, as after a step)."""
-    engine.optimizer.update_lp_params()
-
-
 def _zero_layout(engine):
     """Every rank holds the same flat layout; rank r's slice follows from partition_size."""
-    zero = engine.optimizer
     names = _param_names(engine)
-    groups = []
-    for i, params in enumerate(zero.round_robin_bit16_groups):
-        groups.append({
-            "flat_numel": int(zero.bit16_groups_flat[i].numel()),
-            "partition_size": int(zero.partition_size[i]),
-            "params": [{"name": names[id(p)], "shape": list(p.shape), "offset": int(offset)}
-                       for p, offset in zip(params, zero.round_robin_bit16_offsets[i])],
-        })
-    return groups
+    return [{"flat_numel": g.flat_numel, "partition_size": g.partition_size,
+             "params": [{"name": names[id(p)], "shape": list(p.shape), "offset": offset}
+                        for p, offset in zip(g.params, g.offsets)]}
+            for g in partition_groups(engine)]
+
+
+def layout_world_size(layout: dict[str, Any]) -> int:
+    """The world size a ZeRO-1/2 layout was written at: each rank owns partition_size elements of
+    every flat group (DeepSpeed pads a group to a multiple of the world size)."""
+    group = layout["groups"][0]
+    return group["flat_numel"] // group["partition_size"]
 
 
 def _plain_layout(module, optimizer):
@@ -103,11 +96,11 @@ def _plain_layout(module, optimizer):
             for group in optimizer.param_groups]
 
 
-def _write_layout(engine_dir, world_size, zero_stage, groups, unsupported=None):
+def _write_layout(engine_dir, zero_stage, groups, unsupported=None):
     path = os.path.join(engine_dir, LAYOUT_FILE)
     with open(path + ".tmp", "w") as f:
-        json.dump({"format": LAYOUT_FORMAT, "world_size": world_size, "zero_stage": zero_stage,
-                   "groups": groups, "unsupported": unsupported}, f)
+        json.dump({"format": LAYOUT_FORMAT, "zero_stage": zero_stage, "groups": groups,
+                   "unsupported": unsupported}, f)
     os.replace(path + ".tmp", path)  # a reader never sees half a layout
 
 
@@ -116,16 +109,16 @@ def save_layout(engine, engine_dir):
     if engine.global_rank != 0:
         return
     stage = zero_stage(engine)
-    if _unsupported(engine):  # still record the world size: the same-size resume needs it
-        _write_layout(engine_dir, engine.dp_world_size, stage, None, unsupported=_unsupported(engine))
+    if _unsupported(engine):  # still record the stage: the same-size resume reads the layout
+        _write_layout(engine_dir, stage, None, unsupported=_unsupported(engine))
     else:
-        _write_layout(engine_dir, engine.dp_world_size, stage,
-                      _zero_layout(engine) if stage else _plain_layout(engine.module, engine.optimizer))
+        groups = _zero_layout(engine) if stage else _plain_layout(engine.module, engine.optimizer)
+        _write_layout(engine_dir, stage, groups)
 
 
-def save_plain_layout(module, optimizer, engine_dir, world_size):
+def save_plain_layout(module, optimizer, engine_dir):
     """The same for a plain optimizer (DDP): its param order may depend on the world size too."""
-    _write_layout(engine_dir, world_size, 0, _plain_layout(module, optimizer))
+    _write_layout(engine_dir, 0, _plain_layout(module, optimizer))
 
 
 def read_layout(engine_dir):
@@ -156,7 +149,7 @@ class ShardReader:
         if self.layout["zero_stage"] not in (1, 2) or self.layout["unsupported"]:
             raise CheckpointConvertError(f"{engine_dir}: stage {self.layout['zero_stage']} has no readable "
                                          f"ZeRO shards ({self.layout['unsupported'] or 'whole state'})")
-        self.world_size = self.layout["world_size"]
+        self.world_size = layout_world_size(self.layout)
         self.where = {}  # name -> (group index, offset in the flat group, numel, shape)
         for g, group in enumerate(self.layout["groups"]):
             for p in group["params"]:
@@ -264,21 +257,17 @@ def _load_buffers(module, saved, engine_dir):
 
 
 def _checked_reader(engine, engine_dir):
-    reader = ShardReader(engine_dir)
-    zero, names = engine.optimizer, _param_names(engine)
-    current = {names[id(p)]: p.shape for params in zero.round_robin_bit16_groups for p in params}
+    reader, groups, names = ShardReader(engine_dir), partition_groups(engine), _param_names(engine)
+    current = {names[id(p)]: p.shape for g in groups for p in g.params}
     _check_names(engine_dir, {n: w[3] for n, w in reader.where.items()}, current)
-    return reader, zero, names
+    return reader, groups, names
 
 
-def _partition_from(reader, zero, names, group, keys):
+def _partition_from(reader: ShardReader, group: PartitionGroup, names, keys):
     """{key: this rank's new flat partition of `group`}, each element read by parameter name."""
-    import deepspeed.comm as dist
-    params = zero.round_robin_bit16_groups[group]
-    size = zero.partition_size[group]
-    begin = size * dist.get_rank(group=zero.real_dp_process_group[group])
-    new = {key: torch.zeros(size, dtype=reader.read(names[id(params[0])], key, 0, 1).dtype) for key in keys}
-    for p, offset in zip(params, zero.round_robin_bit16_offsets[group]):
+    size, begin = group.partition_size, group.begin
+    new = {key: torch.zeros(size, dtype=reader.read(names[id(group.params[0])], key, 0, 1).dtype) for key in keys}
+    for p, offset in zip(group.params, group.offsets):
         lo, hi = max(begin, offset), min(begin + size, offset + p.numel())
         if lo >= hi:
             continue  # this tensor has no piece in this rank's partition
@@ -291,25 +280,23 @@ def _partition_from(reader, zero, names, group, keys):
 def ema_partitions_from(engine, engine_dir):
     """(updates, this rank's EMA partitions) from a checkpoint written at any world size, by
     parameter name like the fp32 masters. Collective only in that every rank reads its own slice."""
-    reader, zero, names = _checked_reader(engine, engine_dir)
-    parts = [_partition_from(reader, zero, names, i, ["ema"])["ema"]
-             for i in range(len(zero.round_robin_bit16_groups))]
-    return reader.ema_updates(), parts
+    reader, groups, names = _checked_reader(engine, engine_dir)
+    return reader.ema_updates(), [_partition_from(reader, g, names, ["ema"])["ema"] for g in groups]
 
 
 @torch.no_grad()
 def _install_zero(engine, engine_dir):
-    reader, zero, names = _checked_reader(engine, engine_dir)
-    base = zero.optimizer
-    for i, params in enumerate(zero.round_robin_bit16_groups):
-        old_groups = sorted({reader.where[names[id(p)]][0] for p in params})
+    reader, groups, names = _checked_reader(engine, engine_dir)
+    base = base_optimizer(engine)
+    for i, group in enumerate(groups):
+        old_groups = sorted({reader.where[names[id(p)]][0] for p in group.params})
         if len(old_groups) != 1:
             raise CheckpointConvertError(
                 f"{engine_dir}: param group {i} holds tensors of saved groups {old_groups}; "
                 "the param-group split changed since the save, resume with the same optimizer routing")
         elementwise, scalars = reader.state_keys(old_groups[0])
-        fp32 = zero.single_partition_of_fp32_groups[i]
-        new = _partition_from(reader, zero, names, i, ["fp32"] + elementwise)
+        fp32 = group.master
+        new = _partition_from(reader, group, names, ["fp32"] + elementwise)
         fp32.copy_(new.pop("fp32"))
         state = base.state[base.param_groups[i]["params"][0]]
         for key, value in new.items():
@@ -318,15 +305,9 @@ def _install_zero(engine, engine_dir):
             else:
                 state[key] = value.to(fp32.device)
         state.update(scalars)  # the groups' options stay this run's (optim/hyperparameters.py)
-    # DeepSpeed links optimizer-state views into each parameter lazily after the first step;
-    # drop any earlier links so they are rebuilt on the tensors installed here.
-    if hasattr(zero, "_hp_optimizer_states_linked"):
-        zero._hp_optimizer_states_linked = False
-    zero.update_lp_params()  # the bit16 model weights from the new fp32 masters (all-gather)
-    saved = reader.shard(0)[2]
-    for key in ("loss_scaler", "dynamic_loss_scale", "overflow"):
-        if key in saved:
-            setattr(zero, key, saved[key])
+    forget_linked_state(engine)  # DeepSpeed's views of the state are rebuilt on the tensors installed here
+    refresh_module_weights(engine)  # the bit16 model weights from the new fp32 masters (all-gather)
+    restore_loss_scaler(engine, reader.shard(0)[2])
 
 
 def optimizer_state_by_name(saved, engine_dir, module, optimizer):
@@ -366,8 +347,8 @@ def master_weights(engine_dir):
     return {name: reader.full(name) for name in reader.where}
 
 
-def reshard_if_needed(engine, engine_dir):
-    """Load `engine_dir` into `engine` when it was written at another world size.
+def reshard_if_needed(engine, engine_dir, saved_world_size):
+    """Load `engine_dir` into `engine` when it was written at another world size (`saved_world_size`).
 
     Returns False (nothing done) when the world size is the same: call `engine.load_checkpoint`.
     Returns True when this function loaded weights, optimizer state and the engine's step
@@ -379,7 +360,7 @@ def reshard_if_needed(engine, engine_dir):
             f"{engine_dir} holds no DeepSpeed state ({MODEL_STATES_FILE}); was it written without "
             "--deepspeed? Resume with the launcher options it was written with")
     layout = read_layout(engine_dir)
-    if layout["world_size"] == engine.dp_world_size:
+    if saved_world_size == engine.dp_world_size:
         return False
     if layout["unsupported"] or _unsupported(engine):
         raise CheckpointConvertError(f"{engine_dir}: {layout['unsupported'] or _unsupported(engine)}")
@@ -401,19 +382,19 @@ def reshard_if_needed(engine, engine_dir):
                 f"{sorted(set(result.missing_keys) & trainable)[:5]}, unexpected {result.unexpected_keys[:5]})")
         engine.optimizer.load_state_dict(
             optimizer_state_by_name(model_states["optimizer"], engine_dir, engine.module, engine.optimizer))
-    engine.global_steps = model_states["global_steps"]
-    engine.global_samples = model_states["global_samples"]
-    engine.skipped_steps = model_states["skipped_steps"]
-    if engine.lr_scheduler is not None and model_states.get("lr_scheduler") is not None:
-        engine.lr_scheduler.load_state_dict(model_states["lr_scheduler"])
+    restore_step_counters(engine, model_states)
     return True
 
 
-def describe(checkpoint_dir):
-    """A summary of `checkpoint_dir` (a checkpoint_step_N folder), after reading every tensor once."""
+def describe(checkpoint_dir, world_size=None):
+    """A summary of `checkpoint_dir` (a checkpoint_step_N folder), after reading every tensor once.
+    `world_size`: the one its manifest records (None: a ZeRO layout implies it)."""
     engine_dir = os.path.join(checkpoint_dir, "engine")
     layout = read_layout(engine_dir)
-    lines = [f"{checkpoint_dir}: written by {layout['world_size']} ranks, ZeRO stage {layout['zero_stage']}"]
+    if world_size is None and layout["zero_stage"] in (1, 2) and not layout["unsupported"]:
+        world_size = layout_world_size(layout)
+    lines = [f"{checkpoint_dir}: written by {world_size or 'an unknown number of'} ranks, "
+             f"ZeRO stage {layout['zero_stage']}"]
     if layout["unsupported"]:
         return "\n".join(lines + [f"  {layout['unsupported']}"])
     if layout["zero_stage"] == 0:

@@ -108,9 +108,10 @@ class TrainStream:
         return self.bad.count
 
     def state_dict(self) -> dict[str, Any]:
+        # the position in samples: continued at any world size and batch size (the checkpoint's manifest
+        # records the world size that wrote it)
         return {"batches_consumed": self.batches, "samples_consumed": self.samples_consumed(), "seed": self.draws.seed,
-                "rank": self.rank, "world_size": self.world_size, "batch_size": self.batch_size,
-                "skipped": self.bad.count}
+                "batch_size": self.batch_size, "skipped": self.bad.count}
 
     def samples_consumed(self) -> int:
         """Samples drawn by all ranks together: the next one is sample number samples_consumed()."""

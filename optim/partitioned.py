@@ -2,8 +2,8 @@
 
 Under ZeRO-1/2 (and DeepSpeed's bf16 optimizer) a Muon group's step() sees one flat fp32
 partition `x` with its flat gradient; the model tensors are cut across ranks. Each model
-tensor that has a piece on this rank carries DeepSpeed's `_hp_mapping`: the piece's start
-in the tensor (`lp_fragment_address`) and in the partition (`hp_fragment_address`). The
+tensor that has a piece on this rank carries DeepSpeed's mapping of it (read through
+optim/deepspeed_adapter.py): the piece's start in the tensor and in the partition. The
 plan is built once from these addresses, gathered from every rank:
 - momentum lives in the flat layout (state key "momentum_buffer", same shape as `x`), so
   the momentum and Nesterov update are elementwise over the partition (optim/update.py);
@@ -16,12 +16,12 @@ Pieces travel in the Newton-Schulz dtype, which is also the first cast the algor
 `owner_step` is MuonAdamW's default `flat_step`; any other strategy with its signature
 (for example the benchmark's gather-everything variant) can be given to MuonAdamW instead.
 """
-from typing import List, NamedTuple
 from typing import Any, List, NamedTuple, Sequence
 
 import torch
 import torch.distributed as tdist
 
+from optim.deepspeed_adapter import data_parallel_group, fragment, has_fragment_mapping
 from optim.newton_schulz import DTYPES, matrix_cost, muon_lr, orthogonalize_stacks
 from optim.ownership import Piece, assign_owners
 from optim.routing import matrix_view
@@ -51,10 +51,10 @@ class FlatMuonPlan:
 
     def __init__(self, members: Sequence[tuple[str, torch.Tensor]], flat: torch.Tensor, ns_steps: int) -> None:
         self.partition_numel = flat.numel()
-        if not any(hasattr(p, "_hp_mapping") for _, p in members):
+        if not any(has_fragment_mapping(p) for _, p in members):
             raise RuntimeError("MuonAdamW: a param group holds one flat tensor but the model's parameters carry "
                                "no DeepSpeed _hp_mapping; only ZeRO-1/2 partitions are supported in flat form")
-        self.group = next((p._dp_group for _, p in members if getattr(p, "_dp_group", None) is not None), None)
+        self.group = data_parallel_group([p for _, p in members])
         self.rank, self.world = tdist.get_rank(self.group), tdist.get_world_size(self.group)
         table = _gather_fragments(members, flat.device, self.group, self.world)
         pieces = []
@@ -98,13 +98,8 @@ class FlatMuonPlan:
 
 def _gather_fragments(members, device, group, world):
     """[rank][tensor] -> (start in tensor, numel, start in that rank's partition); numel 0: no piece."""
-    local = torch.zeros((len(members), 3), dtype=torch.int64, device=device)
-    for k, (_, p) in enumerate(members):
-        mapping = getattr(p, "_hp_mapping", None)
-        if mapping is not None:
-            local[k, 0] = mapping.lp_fragment_address.start
-            local[k, 1] = mapping.lp_fragment_address.numel
-            local[k, 2] = mapping.hp_fragment_address.start
+    rows = [fragment(p) or (0, 0, 0) for _, p in members]
+    local = torch.tensor(rows, dtype=torch.int64).reshape(len(members), 3).to(device)  # one copy to the device
     gathered = [torch.empty_like(local) for _ in range(world)]
     tdist.all_gather(gathered, local, group=group)
     return torch.stack(gathered).cpu().tolist()

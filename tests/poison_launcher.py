@@ -16,7 +16,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from train import engine as engine_module  # noqa: E402
+from train.ddp_engine import DDPEngine  # noqa: E402
+from train.deepspeed_engine import DeepSpeedEngine  # noqa: E402
 from train import train as trainer  # noqa: E402
 
 RANK = int(os.environ.get("RANK", 0))
@@ -37,7 +38,7 @@ def _same(a, b):
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-original_micro, original_step = engine_module.Engine.micro_step, engine_module.Engine.optimizer_step
+ORIGINAL = {cls: (cls.micro_step, cls.optimizer_step) for cls in (DDPEngine, DeepSpeedEngine)}
 
 
 def micro_step(self, inputs, is_last):
@@ -56,11 +57,11 @@ def micro_step(self, inputs, is_last):
                 out = {**out, "loss": out["loss"] + nan if kind == "add" else out["loss"] * nan}
             return out
         model.forward = forward
-    return original_micro(self, inputs, is_last)
+    return ORIGINAL[type(self)][0](self, inputs, is_last)
 
 
 def optimizer_step(self):
-    norm, skipped = original_step(self)
+    norm, skipped = ORIGINAL[type(self)][1](self)
     step = current["step"]
     if current["before"] is not None:
         after = _tensors(self)
@@ -78,8 +79,8 @@ def write_results():
         json.dump(results, f)
 
 
-engine_module.Engine.micro_step = micro_step
-engine_module.Engine.optimizer_step = optimizer_step
+for engine_class in ORIGINAL:
+    engine_class.micro_step, engine_class.optimizer_step = micro_step, optimizer_step
 atexit.register(write_results)
 
 if __name__ == "__main__":

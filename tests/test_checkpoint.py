@@ -18,6 +18,7 @@ CHILD = textwrap.dedent("""
     import os, signal, sys, json
     sys.path.insert(0, {root!r})
     import checkpoint.checkpointer as ck
+    from checkpoint.state import Document, PerRank, RandomState, Registry, Shared
     from omegaconf import OmegaConf
     from recipe.schema import Config
 
@@ -34,9 +35,9 @@ CHILD = textwrap.dedent("""
 
     class Engine:
         def save(self, d):
-            os.makedirs(os.path.join(d, "engine"), exist_ok=True)
+            os.makedirs(d, exist_ok=True)
             for i in range(3):
-                p = os.path.join(d, "engine", f"shard_{{i}}.pt")
+                p = os.path.join(d, f"shard_{{i}}.pt")
                 with open(p, "wb") as f:
                     f.write(os.urandom(1 << 16))
                 calls["shard"] = calls.get("shard", 0) + 1
@@ -48,15 +49,26 @@ CHILD = textwrap.dedent("""
             open(p, "w").write("{{}}")
 
     ck.os.replace = trap("replace", os.replace)
-    ck._fsync_write = trap("fsync_write", ck._fsync_write)
+    ck.disk.fsync_write = trap("fsync_write", ck.disk.fsync_write)
     ck.shutil.rmtree = trap("rmtree", ck.shutil.rmtree)
     cfg = OmegaConf.structured(Config)
     cfg.system.total_limit = limit
     saver = ck.Checkpointer(run_dir, cfg)
     saver.remove_interrupted_saves()
+    class Trainer:
+        def state_dict(self):
+            return {{"step": self.step}}
+
+    trainer = Trainer()
+    parts = Registry()
+    parts.register("engine", Engine())
+    parts.register("rng", PerRank(RandomState()))
+    parts.register("trainer_state", Shared(trainer))
+    parts.register("config.yaml", Document(lambda p: ck.disk.fsync_write(p, OmegaConf.to_yaml(cfg))))
+    parts.register("norm_stats.json", Document(Stats().save))
     for step in steps:
-        saver.save(step, Engine(), {{"step": step, "world_size": 1}}, Stats(),
-                   {{"weights_finite": True, "loss_finite": True}})
+        trainer.step = step
+        saver.save(step, parts, {{"weights_finite": True, "loss_finite": True}})
 """)
 
 

@@ -105,7 +105,7 @@ def gather_state(engine):
 
 def make_ema(engine, EMA):
     """The trainer's EMA over this engine: the ZeRO partitions, or whole parameters at stage 0."""
-    from checkpoint.zero import fp32_partitions
+    from optim.deepspeed_adapter import fp32_partitions
     settings = types.SimpleNamespace(enabled=True, decay=0.5, update_every=1, start_step=0)
     if engine.zero_optimization():
         return EMA(settings, fp32_partitions(engine), zero_engine=engine)
@@ -121,6 +121,7 @@ def worker(phase, root, combos):
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     source = {"train": None, "shrink": "train", "grow": "shrink"}[phase]
+    source_world = {"train": 2, "shrink": 1}.get(source)  # what the checkpoint's manifest would record
     for combo in combos:
         stage, opt_name = combo.split("-", 1)
         torch.manual_seed(0)
@@ -135,8 +136,8 @@ def worker(phase, root, combos):
         ema = make_ema(engine, EMA)
         out = os.path.join(root, phase, combo)
         if source:
-            resharded = reshard_if_needed(engine, os.path.join(root, source, combo, "engine"))
-            ema.load(os.path.join(root, source, combo, "engine"))
+            resharded = reshard_if_needed(engine, os.path.join(root, source, combo, "engine"), source_world)
+            ema.load(os.path.join(root, source, combo, "engine"), source_world)
             loaded = gather_state(engine)
             loaded["resharded"] = resharded
             if rank == 0:
@@ -236,14 +237,14 @@ def test_ema_moves_to_another_world_size(runs, combo, source, target):
 def test_same_world_size_is_left_to_deepspeed(runs, tmp_path):
     from checkpoint.zero import CheckpointConvertError, reshard_if_needed
     engine_dir = os.path.join(runs, "train", "2-adamw", "engine")
-    assert reshard_if_needed(types.SimpleNamespace(dp_world_size=2), engine_dir) is False
+    assert reshard_if_needed(types.SimpleNamespace(dp_world_size=2), engine_dir, 2) is False
     # every checkpoint of the format has its layout: one without is refused, at any world size
     old = tmp_path / "engine"
     old.mkdir()
     shutil.copy(os.path.join(engine_dir, "mp_rank_00_model_states.pt"), old)
     for world_size in (2, 1):
         with pytest.raises(CheckpointConvertError, match="zero_layout.json does not exist: every checkpoint"):
-            reshard_if_needed(types.SimpleNamespace(dp_world_size=world_size), str(old))
+            reshard_if_needed(types.SimpleNamespace(dp_world_size=world_size), str(old), 2)
 
 
 def test_plain_optimizer_state_follows_names_across_orders(tmp_path):
@@ -254,7 +255,7 @@ def test_plain_optimizer_state_follows_names_across_orders(tmp_path):
     before = build_optimizer(model, "adamw", world_size=2)
     model(torch.randn(2, 13)).pow(2).mean().backward()
     before.step()
-    save_plain_layout(model, before, str(tmp_path), world_size=2)
+    save_plain_layout(model, before, str(tmp_path))
     after = build_optimizer(model, "adamw", world_size=1)  # matrices in reverse order
     after.load_state_dict(optimizer_state_by_name(before.state_dict(), str(tmp_path), model, after))
     for p in model.parameters():

@@ -197,5 +197,4 @@ def test_resuming_another_schedule_kind_is_refused():
     cosine = LRSchedule(TrainingConfig(scheduler_type="cosine"))
     with pytest.raises(ValueError, match="scheduler_type linear, this run's is cosine"):
         cosine.load_state_dict(saved)
-    cosine.load_state_dict({**saved, "last_step": 7}, reset=True)
     assert cosine.last_step == 0

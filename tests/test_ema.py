@@ -71,10 +71,32 @@ def test_swap_gives_the_model_the_ema_and_restores_it_exactly():
     assert all(torch.equal(p, r) for p, r in zip(params, raw))
     assert all(torch.equal(t, a) for t, a in zip(ema.shadow, average))
     assert not torch.equal(inside, model(x))
-    calls = []
-    values = ema.validate(lambda tag: calls.append(tag) or ({"loss": 1.5}, None), "v")
-    assert values == {"ema_loss": 1.5} and calls == ["v"]
-    assert EMA(settings(), params, names=["x"] * len(params)).validate(lambda: 1 / 0) == {}  # no update yet
+
+
+def test_the_loop_validates_with_the_ema_swapped_in_once_it_holds_an_average(monkeypatch):
+    """train/train.py validate_raw_and_ema: the raw weights, then `with ema.swapped_in()` (val_ema_* keys);
+    before the EMA's first update there is no average, and no second validation."""
+    from train import train as trainer
+
+    model, optimizer = model_and_optimizer()
+    params = [p for p in model.parameters() if p.requires_grad]
+    ema = EMA(settings(), params, names=[str(i) for i in range(len(params))])
+    seen = []
+
+    def validate(engine, *args):
+        seen.append([p.detach().clone() for p in params])
+        return {"loss": float(len(seen))}, "pictures"
+    monkeypatch.setattr(trainer, "validate", validate)
+    engine = types.SimpleNamespace(ema=ema)
+    assert trainer.validate_raw_and_ema(engine, None, None, None, None) == ({"loss": 1.0}, "pictures")
+    for step in (1, 2, 3):
+        train_step(model, optimizer, step)
+        ema.update(step)
+    seen.clear()
+    raw, average = [p.detach().clone() for p in params], [t.clone() for t in ema.shadow]
+    assert trainer.validate_raw_and_ema(engine, None, None, None, None) == ({"loss": 1.0, "ema_loss": 2.0}, "pictures")
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], raw)) and all(torch.equal(a, b) for a, b in zip(seen[1], average))
+    assert all(torch.equal(p, r) for p, r in zip(params, raw))  # swapped back
 
 
 def test_saved_ema_loads_by_name_and_a_checkpoint_without_one_restarts_it(tmp_path, caplog):
@@ -87,12 +109,12 @@ def test_saved_ema_loads_by_name_and_a_checkpoint_without_one_restarts_it(tmp_pa
     ema.save(str(tmp_path))
     # another parameter order (like MuonAdamW's at another world size): restored by name
     again = EMA(settings(), [p for _, p in reversed(named)], names=[n for n, _ in reversed(named)])
-    again.load(str(tmp_path))
+    again.load(str(tmp_path), 1)
     assert again.updates == 2
     for a, b in zip(again.shadow, reversed(ema.shadow)):
         assert torch.equal(a, b)
     with caplog.at_level(logging.WARNING, logger="train.ema"):
-        again.load(str(tmp_path / "elsewhere"))
+        again.load(str(tmp_path / "elsewhere"), 1)
     assert again.updates == 0 and "holds no EMA" in caplog.text
 
 

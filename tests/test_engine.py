@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import ROOT
-from train.engine import load_deepspeed_config
+from train.config import load_deepspeed_config
 from recipe.schema import Config
 
 
@@ -52,7 +52,8 @@ CLIP = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {root!r})
     from omegaconf import OmegaConf
-    from train.engine import Engine, load_deepspeed_config, make_accelerator
+    from train.config import load_deepspeed_config
+    from train.launch import make_accelerator, make_engine
     from recipe.schema import Config
     use_ds, clip = sys.argv[1] == "ds", float(sys.argv[2])
     cfg = OmegaConf.structured(Config)
@@ -72,7 +73,7 @@ CLIP = textwrap.dedent("""
     net = Net()
     before = [p.detach().clone() for p in net.parameters()]
     opt = torch.optim.SGD(net.parameters(), lr=1.0)
-    eng = Engine(acc, net, opt, cfg)
+    eng = make_engine(acc, net, opt, cfg)
     eng.micro_step({{"x": torch.randn(4, 8)}}, is_last=True)
     raw = float(eng.optimizer_step()[0])
     after = [p.detach().float() for p in eng.unwrapped_model().parameters()]

@@ -11,9 +11,10 @@ SCRIPT = textwrap.dedent("""
     import json, os, sys, torch
     sys.path.insert(0, {root!r})
     from omegaconf import OmegaConf
-    from train.engine import Engine, load_deepspeed_config, make_accelerator
+    from train.config import load_deepspeed_config
+    from train.launch import make_accelerator, make_engine
     from recipe.schema import Config
-    from checkpoint.zero import fp32_partitions
+    from optim.deepspeed_adapter import fp32_partitions
     cfg = OmegaConf.structured(Config)
     cfg.model.precision = "bf16_mixed"
     cfg.training.batch_size = 2
@@ -37,7 +38,7 @@ SCRIPT = textwrap.dedent("""
             p.copy_(1 + torch.arange(p.numel()).view(p.shape) % 7 * 2.0 ** -12)
     net.lin.to(torch.bfloat16)   # what WorldModel.apply_precision does to the other parameters
     loaded = {{n: p.detach().clone() for n, p in net.named_parameters()}}
-    eng = Engine(acc, net, torch.optim.AdamW(net.parameters(), lr=0.0), cfg)
+    eng = make_engine(acc, net, torch.optim.AdamW(net.parameters(), lr=0.0), cfg)
     # the whole fp32 masters, gathered by name from every rank's partition
     zero, names = eng.ds.optimizer, {{id(p): n for n, p in eng.ds.module.named_parameters()}}
     masters = {{}}

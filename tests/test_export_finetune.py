@@ -63,7 +63,7 @@ def seal_checkpoint(path):
     from checkpoint.manifest import digest_files, list_files
 
     step = int(path.rstrip("/").rsplit("_", 1)[1])
-    seal(path, step, digest_files(path, list_files(path, NOT_LISTED)), {"weights_finite": True, "loss_finite": True})
+    seal(path, step, digest_files(path, list_files(path, NOT_LISTED)), {"weights_finite": True, "loss_finite": True}, 1)
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ GUARD_SOURCE = ("#include <c10/core/impl/DeviceGuardImplInterface.h>\n"
 
 # Each entry: a project function name (qualified as Python prints it) whose traffic is by design.
 TRAIN_READS = {
-    "Engine.optimizer_step": "whether the update runs is host control flow: one agreed flag per step",
+    "DDPEngine.optimizer_step": "whether the update runs is host control flow: one agreed flag per step",
     "make_record": "the logged losses and gradient norm, at a logging step",
 }
 TRAIN_UPLOADS = {"to_device": "the batch, from the loader's pinned memory (non_blocking)"}
@@ -249,11 +249,11 @@ class _Accelerator:
 
 def engine_on_fake_cuda(cfg, model):
     from optim import build_optimizer
-    from train.engine import Engine
+    from train.launch import make_engine
 
     model.to(CUDA)
     optimizer = build_optimizer(model.named_parameters(), cfg.training, 1, cfg.system.speed.fused_adamw)
-    return Engine(_Accelerator(), model, optimizer, cfg)
+    return make_engine(_Accelerator(), model, optimizer, cfg)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,9 @@ from checkpoint.__main__ import main as checkpoint_cli
 from checkpoint.manifest import MANIFEST, CheckpointCorrupt, digest_files, list_files
 from tests.helpers import ROOT, metrics, run_dir, train
 from recipe.schema import Config
-from train.engine import load_deepspeed_config, poison_nonfinite
+from checkpoint.state import Document, PerRank, RandomState, Registry, Shared
+from train.config import load_deepspeed_config
+from train.engine import poison_nonfinite
 from train.guard import NONFINITE_EXIT_CODE, SAVE_FAILED_EXIT_CODE, NonFiniteError, NonFiniteGuard
 from train.steps import TrainerState
 
@@ -43,10 +45,10 @@ class FakeEngine:
     def __init__(self, nbytes=SHARD_BYTES):
         self.nbytes = nbytes
 
-    def save(self, directory):
-        os.makedirs(os.path.join(directory, "engine"), exist_ok=True)
+    def save(self, folder):
+        os.makedirs(folder, exist_ok=True)
         for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"):
-            write_shard(os.path.join(directory, "engine", name), self.nbytes)
+            write_shard(os.path.join(folder, name), self.nbytes)
 
 
 class Stats:
@@ -62,8 +64,15 @@ def saver(run, limit=None):
 
 
 def save(checkpointer, step, health=GOOD, nbytes=SHARD_BYTES):
-    return checkpointer.save(step, FakeEngine(nbytes), {"step": step, "world_size": 1, "samples_seen": 0},
-                             Stats(), health)
+    """A save of the trainer's parts: a fake engine, the RNG, the trainer state, the config and stats."""
+    state = TrainerState(step=step)
+    parts = Registry()
+    parts.register("engine", FakeEngine(nbytes))
+    parts.register("rng", PerRank(RandomState()))
+    parts.register("trainer_state", Shared(state))
+    parts.register("config.yaml", Document(lambda path: ck.disk.fsync_write(path, OmegaConf.to_yaml(checkpointer.cfg))))
+    parts.register("norm_stats.json", Document(Stats().save))
+    return checkpointer.save(step, parts, health)
 
 
 def flip(path, count=64):
@@ -156,7 +165,7 @@ class Faults:
     """Counts the calls of every write a save makes; raises OSError(ENOSPC) at the chosen ones."""
 
     POINTS = {"write_shard": (__name__, "write_shard"), "torch_save": (ck.torch, "save"),
-              "fsync_write": (ck, "_fsync_write"), "replace": (ck.os, "replace"), "makedirs": (ck.os, "makedirs"),
+              "fsync_write": (ck.disk, "fsync_write"), "replace": (ck.os, "replace"), "makedirs": (ck.os, "makedirs"),
               "digest": (ck, "digest_files"), "rmtree": (ck.shutil, "rmtree"), "stats": (Stats, "save")}
 
     def __init__(self, monkeypatch):
@@ -416,7 +425,8 @@ import json, sys, torch
 sys.path.insert(0, {ROOT!r})
 from omegaconf import OmegaConf
 from recipe.schema import Config
-from train.engine import Engine, load_deepspeed_config, make_accelerator
+from train.config import load_deepspeed_config
+from train.launch import make_accelerator, make_engine
 cfg = OmegaConf.structured(Config)
 cfg.training.batch_size = 4
 ds = json.load(open("configs/zero2.json"))
@@ -432,7 +442,7 @@ class Net(torch.nn.Module):
 
 torch.manual_seed(0)
 net = Net()
-eng = Engine(make_accelerator(load_deepspeed_config(sys.argv[1], cfg, 1), 5), net,
+eng = make_engine(make_accelerator(load_deepspeed_config(sys.argv[1], cfg, 1), 5), net,
              torch.optim.AdamW(net.parameters(), lr=0.1), cfg)
 out = []
 for scale in (1.0, float("nan"), float("inf"), 1.0):

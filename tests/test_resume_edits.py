@@ -17,6 +17,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from checkpoint.checkpointer import NOT_LISTED, seal
+from checkpoint.manifest import digest_files, list_files
 from tests.helpers import metrics, run_dir, torchrun, train
 from train import resume_policy
 from recipe.config import load_config, save_config
@@ -274,7 +276,9 @@ def _checkpoint(tmp_path, overrides, world_size=1):
     ckpt = tmp_path / f"run{len(list(tmp_path.iterdir()))}" / "checkpoint_step_4"
     ckpt.mkdir(parents=True)
     save_config(load_config("configs/tiny.yaml", overrides), str(ckpt / "config.yaml"))
-    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 4, "samples_seen": 16, "world_size": world_size}))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 4, "samples_seen": 16}))
+    seal(str(ckpt), 4, digest_files(str(ckpt), list_files(str(ckpt), NOT_LISTED)),
+         {"weights_finite": True, "loss_finite": True}, world_size)  # the manifest records the world size
     return str(ckpt)
 
 

@@ -36,17 +36,17 @@ def optimizer(lrs):
 def test_first_update_uses_warmup_lr_and_groups_keep_base():
     sched = make(scheduler_type="linear", warmup_steps=4, cycle_length=20, f_start=0.0, f_max=1.0, f_min=0.1)
     opt = optimizer([1e-3, 2e-2])
-    lrs = sched.apply(opt)
+    lrs = sched.apply(opt.param_groups)
     assert lrs == pytest.approx([1e-3 * 0.25, 2e-2 * 0.25])
     for _ in range(3):
-        lrs = sched.apply(opt)
+        lrs = sched.apply(opt.param_groups)
     assert lrs == pytest.approx([1e-3, 2e-2])
 
 
 def test_cosine_reaches_min_lr():
     sched = make(scheduler_type="cosine", warmup_steps=2, max_steps=10, learning_rate=1e-3, min_lr=1e-4)
     opt = optimizer([1e-3])
-    lrs = [sched.apply(opt)[0] for _ in range(10)]
+    lrs = [sched.apply(opt.param_groups)[0] for _ in range(10)]
     assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3)
     assert lrs[-1] == pytest.approx(1e-4)
     mid = 2 + 4  # halfway through the decay
@@ -56,13 +56,13 @@ def test_cosine_reaches_min_lr():
 def test_constant_and_state_round_trip():
     sched = make(scheduler_type="constant")
     opt = optimizer([3e-4])
-    assert sched.apply(opt) == [3e-4]
+    assert sched.apply(opt.param_groups) == [3e-4]
     s2 = make(scheduler_type="linear", warmup_steps=4, cycle_length=20)
     for _ in range(7):
-        s2.apply(opt)
+        s2.apply(opt.param_groups)
     s3 = make(scheduler_type="linear", warmup_steps=4, cycle_length=20)
     s3.load_state_dict(s2.state_dict())
-    assert s3.apply(opt) == s2.apply(optimizer([3e-4]))
+    assert s3.apply(opt.param_groups) == s2.apply(optimizer([3e-4]).param_groups)
 
 
 def test_linear_rejects_warmup_past_cycle():

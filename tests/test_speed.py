@@ -106,16 +106,16 @@ def test_impossible_switch_combinations_are_refused_at_load(overrides, message):
 @pytest.mark.parametrize("override", ["system.speed.static_graph=true", "system.speed.bucket_cap_mb=512"])
 def test_ddp_switches_are_refused_under_deepspeed(override):
     cfg = load_config("configs/tiny.yaml", [override])
-    check_launch(cfg, 2, deepspeed=False)  # DDP: fine
+    assert check_launch(cfg, 2, None) is None  # DDP: fine
     with pytest.raises(ConfigError, match="applies to DDP only, and this run uses --deepspeed"):
-        check_launch(cfg, 2, deepspeed=True)
+        check_launch(cfg, 2, "configs/zero2.json")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_cuda_graphs_refused_without_cuda():
     cfg = load_config("configs/tiny.yaml", ["system.speed.compile=true", "system.speed.cuda_graphs=true"])
     with pytest.raises(ConfigError, match="cuda_graphs=true needs CUDA"):
-        check_launch(cfg, 1, deepspeed=True)
+        check_launch(cfg, 1, "configs/zero2.json")
 
 
 def test_backend_flags_follow_the_switches():

@@ -17,11 +17,12 @@ validates and swaps back: no rank ever holds a second full copy of the model.
 import contextlib
 import logging
 import os
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from checkpoint.zero import (EMA_FILE, EMA_SHARD_FILE, CheckpointConvertError, ema_partitions_from, fp32_partitions,
-                             read_layout, refresh_module_weights, zero_stage)
+from checkpoint.zero import EMA_FILE, EMA_SHARD_FILE, CheckpointConvertError, ema_partitions_from
+from optim.deepspeed_adapter import refresh_module_weights
 from utils import dist
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,14 @@ class EMA:
     partitions `masters` are) say how the EMA is saved, loaded and swapped into the model.
     """
 
-    def __init__(self, settings, masters, names=None, zero_engine=None):
+    def __init__(self, settings: Any, masters: Sequence[torch.Tensor], names: Optional[list[str]] = None,
+                 zero_engine: Any = None) -> None:
         for m in masters:
             if m.dtype != torch.float32 or not m.is_contiguous():
                 raise ValueError(f"EMA needs contiguous fp32 master weights, got {m.dtype} "
                                  f"(contiguous: {m.is_contiguous()})")
-        self.settings, self.masters, self.names, self.zero_engine = settings, masters, names, zero_engine
+        self.settings, self.masters, self.zero_engine = settings, masters, zero_engine
+        self.names = names or []  # read only without zero_engine
         self.shadow = [m.detach().clone() for m in masters]
         self.updates = 0
 
@@ -82,7 +85,7 @@ class EMA:
             refresh_module_weights(self.zero_engine)
 
     @contextlib.contextmanager
-    def swapped_in(self):
+    def swapped_in(self) -> Iterator[None]:
         """Collective (under ZeRO): the model computes with the EMA weights inside the block."""
         self._swap()
         try:
@@ -90,17 +93,8 @@ class EMA:
         finally:
             self._swap()  # exact: the raw fp32 masters come back bit for bit, the module's weights from them
 
-    def validate(self, run_validation, *args):
-        """`run_validation(*args)` (steps.validate) with the EMA weights: {"ema_<key>": value}, or {}
-        before the first EMA update (there is no average yet). Collective."""
-        if self.updates == 0:
-            return {}
-        with self.swapped_in():
-            values, _ = run_validation(*args)
-        return {f"ema_{k}": v for k, v in values.items()}
-
     # --- checkpoint files ------------------------------------------------------
-    def save(self, engine_dir):
+    def save(self, engine_dir: str) -> None:
         """Collective: under ZeRO every rank writes its slice, else rank 0 writes the whole EMA."""
         os.makedirs(engine_dir, exist_ok=True)
         if self.zero_engine is not None:
@@ -111,8 +105,9 @@ class EMA:
                        os.path.join(engine_dir, EMA_FILE))
 
     @torch.no_grad()
-    def load(self, engine_dir):
-        """Restore the EMA of a checkpoint; at another world size (ZeRO) re-partitioned by name."""
+    def load(self, engine_dir: str, saved_world_size: int) -> None:
+        """Restore the EMA of a checkpoint written by `saved_world_size` ranks; at another world size
+        (ZeRO) re-partitioned by name."""
         whole = os.path.join(engine_dir, EMA_FILE)
         mine = os.path.join(engine_dir, EMA_SHARD_FILE.format(rank=dist.rank()))
         first = os.path.join(engine_dir, EMA_SHARD_FILE.format(rank=0))
@@ -124,7 +119,7 @@ class EMA:
         if self.zero_engine is None:
             saved = torch.load(whole, map_location="cpu", weights_only=True)
             parts = [self._named(saved["weights"], name, engine_dir) for name in self.names]
-        elif read_layout(engine_dir)["world_size"] == dist.world_size() and os.path.isfile(mine):
+        elif saved_world_size == dist.world_size() and os.path.isfile(mine):
             saved = torch.load(mine, map_location="cpu", weights_only=True)
             parts = saved["partitions"]
         else:
@@ -144,24 +139,14 @@ class EMA:
         return weights[name]
 
 
-def build_ema(engine, settings):
-    """The EMA for a train.engine.Engine, or None when `training.ema.enabled` is false."""
-    if not settings.enabled:
-        return None
-    if engine.deepspeed and zero_stage(engine.ds) in (1, 2):
-        return EMA(settings, fp32_partitions(engine.ds), zero_engine=engine.ds)
-    named = [(n, p) for n, p in engine.unwrapped_model().named_parameters() if p.requires_grad]
-    return EMA(settings, [p for _, p in named], names=[n for n, _ in named])
-
-
-def optimizer_state_report(engine):
+def optimizer_state_report(engine: Any) -> str:
     """One line: the optimizer-state bytes this rank holds (fp32 masters under ZeRO, the optimizer's
-    own state, the EMA). Read after the first step, when the optimizer has created its state."""
+    own state, the EMA) for a train.engine.Engine. Read after the first step, when the optimizer has
+    created its state."""
     base = engine.base_optimizer
     own = sum(t.numel() * t.element_size() for s in base.state.values() for t in s.values()
               if torch.is_tensor(t) and t.dim() > 0)
-    masters = sum(t.numel() * t.element_size() for t in fp32_partitions(engine.ds)) \
-        if engine.deepspeed and zero_stage(engine.ds) in (1, 2) else 0
+    masters = engine.master_bytes()
     ema = engine.ema.nbytes if engine.ema is not None else 0
     mib = 2 ** 20
     return (f"optimizer state on rank {dist.rank()} of {dist.world_size()}: {(own + masters + ema) / mib:.2f} MiB "

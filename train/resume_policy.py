@@ -19,6 +19,8 @@ from typing import Callable, Optional
 
 from omegaconf import OmegaConf
 
+from checkpoint.checkpointer import saved_world_size
+
 EFFECT, LOGGED, REFUSED = "takes effect", "takes effect, logged", "refused"
 DATA = ("the data changes: the stream continues at the same sample number, drawn from the new data, "
         "with normalisation statistics computed (or read) anew")
@@ -164,7 +166,7 @@ def check(cfg, checkpoint, world_size):
     notes = [f"{key}: {rule_for(key).note}" for key, _, _ in edits if rule_for(key).behaviour == LOGGED]
     with open(os.path.join(checkpoint, "trainer_state.json")) as f:
         state = json.load(f)
-    t, s, saved_world = cfg.training, saved.training, state.get("world_size", world_size)
+    t, s, saved_world = cfg.training, saved.training, saved_world_size(checkpoint)
     before = s.batch_size * s.gradient_accumulation_steps * saved_world
     now = t.batch_size * t.gradient_accumulation_steps * world_size
     if before != now:

@@ -14,11 +14,16 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from checkpoint import disk  # noqa: E402
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
+from checkpoint.state import Document, PerRank, RandomState, Registry, Shared, Stateful  # noqa: E402
 from recipe.config import config_stem, load_config, save_config  # noqa: E402
 from train.config import check_launch  # noqa: E402
 from train.ema import optimizer_state_report  # noqa: E402
-from train.engine import Engine, load_deepspeed_config, make_accelerator  # noqa: E402
+from train.engine import Engine  # noqa: E402
+from train.launch import make_accelerator, make_engine  # noqa: E402
 from train.guard import NonFiniteGuard, check_weights_before_save, health, run_guarded  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.resume_policy import check as check_edits  # noqa: E402
@@ -106,13 +111,26 @@ def load_resume_weights(model, path):
     model.load_state_dict({k: v for k, v in weights.items() if k in model.state_dict()}, strict=False)
 
 
-def restore(checkpointer, path, engine, state, stream, schedule, cfg, edits):
-    """Resume: weights, optimizer (unless resume.reset_optimizer: the weights were loaded at build),
-    RNG, step, data position and lr schedule (unless reset on purpose); log what the edits change."""
-    saved = checkpointer.load(path, (lambda _: None) if cfg.resume.reset_optimizer else engine.load)
-    state.load_state_dict(saved)
-    stream.load_state_dict(saved["data"])
-    schedule.load_state_dict(saved["schedule"], reset=cfg.resume.reset_scheduler)
+def checkpoint_parts(cfg: DictConfig, engine: Engine, state: TrainerState, stream: Stateful, schedule: LRSchedule,
+                     stats: Any) -> Registry:
+    """Everything a checkpoint holds, each part registered once, restored in this order on resume.
+    The engine (weights, optimizer, EMA) is not restored with resume.reset_optimizer (the weights were
+    loaded at build), the lr schedule not with resume.reset_scheduler (it starts again)."""
+    parts = Registry()
+    parts.register("engine", engine, restore=not cfg.resume.reset_optimizer)
+    parts.register("trainer_state", Shared(state))
+    parts.register("data", Shared(stream))
+    parts.register("schedule", Shared(schedule), restore=not cfg.resume.reset_scheduler)
+    parts.register("rng", PerRank(RandomState()))  # after every part that may draw while it loads
+    parts.register("config.yaml", Document(lambda path: disk.fsync_write(path, OmegaConf.to_yaml(cfg))))
+    if stats is not None:
+        parts.register("norm_stats.json", Document(stats.save))
+    return parts
+
+
+def restore(checkpointer, path, parts, state, cfg, edits):
+    """Resume every registered part; log what the edits change."""
+    checkpointer.load(path, parts)
     log.info("resumed from %s at step %d", path, state.step)
     log.info(edits.line())
     for note in edits.notes:
@@ -120,6 +138,18 @@ def restore(checkpointer, path, engine, state, stream, schedule, cfg, edits):
     if cfg.finetune.checkpoint_path:
         log.info("resume: finetune.checkpoint_path %s is not read: a resumed run keeps its own weights",
                  cfg.finetune.checkpoint_path)
+
+
+def validate_raw_and_ema(engine: Engine, encoders: Any, val_loader: Any, cfg: DictConfig,
+                         stats: Any) -> tuple[dict[str, float], Any]:
+    """Validation losses and pictures; with training.ema, the same validation with the EMA weights
+    (val_ema_* keys) once the EMA holds an average."""
+    val, pictures = validate(engine, encoders, val_loader, cfg, stats)
+    if engine.ema is not None and engine.ema.updates:
+        with engine.ema.swapped_in():
+            ema_val, _ = validate(engine, encoders, val_loader, cfg, stats)
+        val.update({f"ema_{k}": v for k, v in ema_val.items()})
+    return val, pictures
 
 
 def print_summary(run_dir, cfg, step):
@@ -137,8 +167,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        check_launch(cfg, dist.world_size(), deepspeed=bool(args.deepspeed))
-        ds_config = load_deepspeed_config(args.deepspeed, cfg, dist.world_size()) if args.deepspeed else None
+        ds_config = check_launch(cfg, dist.world_size(), args.deepspeed)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         dist.die(e)
     logging.basicConfig(level=cfg.system.log_level, format="%(asctime)s %(name)s: %(message)s")
@@ -162,18 +191,19 @@ def main(argv=None):
     from data import build_train_stream, build_val_loader
 
     seed_everything(cfg.training.seed, dist.rank())  # each rank's own stream from here on
-    engine = Engine(accelerator, model, optimizer, cfg)
+    engine = make_engine(accelerator, model, optimizer, cfg)
     encoders.to(engine.device)
     schedule = LRSchedule(cfg.training)
     stream = build_train_stream(train_set, cfg, dist.rank(), world_size)
     val_loader = build_val_loader(val_set, cfg, dist.rank(), world_size)
-    checkpointer = Checkpointer(run_dir, cfg)
     state = TrainerState()
+    parts = checkpoint_parts(cfg, engine, state, stream, schedule, stats)
+    checkpointer = Checkpointer(run_dir, cfg)
 
     try:  # rank 0 writes here: a full disk or a read-only folder must stop every rank, not hang them
         dist.fail_together(open_run_dir, run_dir, cfg, checkpointer)
         if resume_from:
-            restore(checkpointer, resume_from, engine, state, stream, schedule, cfg, edits)
+            restore(checkpointer, resume_from, parts, state, cfg, edits)
         metrics = dist.fail_together(Metrics, cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
     except dist.StartupError as e:
         dist.die(e)
@@ -185,16 +215,14 @@ def main(argv=None):
 
     def save(step):
         check_weights_before_save(engine, step, run_dir)  # never a checkpoint of non-finite weights
-        trainer_state = {**state.state_dict(), "world_size": world_size, "data": stream.state_dict(),
-                         "schedule": schedule.state_dict()}
-        return checkpointer.save(step, engine, trainer_state, stats, health(guard))
+        return checkpointer.save(step, parts, health(guard))
 
     engine.train()
     loss_sum: dict[str, Any] = {}
     window_start, window_steps = time.perf_counter(), 0
     first_step = state.step
     while state.step < cfg.training.max_steps:
-        lrs = schedule.apply(engine)  # the lr of this update, set before it
+        lrs = schedule.apply(engine.param_groups)  # the lr of this update, set before it
         step = state.step + 1
         for micro in range(ga):
             batch = to_device(next(stream), engine.device)
@@ -214,9 +242,7 @@ def main(argv=None):
         is_last = step == cfg.training.max_steps
         val = None
         if step % cfg.system.val_interval == 0 and val_loader is not None:  # None: nothing held out
-            val, pictures = validate(engine, encoders, val_loader, cfg, stats)
-            if engine.ema is not None:  # the same validation with the EMA weights: val_ema_* keys
-                val.update(engine.ema.validate(validate, engine, encoders, val_loader, cfg, stats))
+            val, pictures = validate_raw_and_ema(engine, encoders, val_loader, cfg, stats)
             metrics.add_figures(step, *(pictures or ({}, {})))
         if step % cfg.system.log_interval == 0 or val is not None or is_last:
             elapsed = time.perf_counter() - window_start

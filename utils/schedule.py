@@ -5,7 +5,7 @@ The multiplier for optimizer step s (1-based: the first update is s = 1) is set
 param group keeps its own base lr in `initial_lr` (Muon and AdamW groups differ).
 """
 import math
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 SCHEDULES = ("linear", "cosine", "constant")  # training.scheduler_type
 
@@ -32,17 +32,11 @@ def cosine_multiplier(s: int, warmup_steps: int, max_steps: int, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class HasParamGroups(Protocol):
-    """A torch optimizer, or anything that exposes one's param groups (the training engine)."""
-    @property
-    def param_groups(self) -> list[dict[str, Any]]: ...
-
-
 class LRSchedule:
     """Sets `group["lr"] = group["initial_lr"] * multiplier(step)` on every param group.
 
-    Its state is the number of updates already taken; `load_state_dict(sd, reset=True)`
-    restarts it on purpose (`resume.reset_scheduler`).
+    Its state is the number of updates already taken; a run restarts it on purpose
+    (`resume.reset_scheduler`) by not loading it.
     """
 
     def __init__(self, training_cfg: Any) -> None:
@@ -58,22 +52,23 @@ class LRSchedule:
             self._fn = lambda s: 1.0
         self.last_step = 0
 
-    def apply(self, optimizer: HasParamGroups) -> list[float]:
-        """Set the lr of the next update (step last_step + 1) and advance."""
+    def apply(self, param_groups: list[dict[str, Any]]) -> list[float]:
+        """Set the lr of the next update (step last_step + 1) in every group of `param_groups` (a torch
+        optimizer's, each with its base lr in "initial_lr") and advance; returns the lrs set."""
         self.last_step += 1
         m = self._fn(self.last_step)
-        for group in optimizer.param_groups:
+        for group in param_groups:
             group["lr"] = group["initial_lr"] * m
-        return [group["lr"] for group in optimizer.param_groups]
+        return [group["lr"] for group in param_groups]
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "last_step": self.last_step}
 
-    def load_state_dict(self, sd: dict[str, Any], reset: bool = False) -> None:
-        """Continue a saved schedule; one of another kind only restarts (`reset`), never silently
-        continues at a step that means something else."""
-        if sd.get("kind", self.kind) != self.kind and not reset:
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Continue a saved schedule; one of another kind is refused, never silently continued at a
+        step that means something else (a reset run does not load it: train/train.py)."""
+        if sd["kind"] != self.kind:
             raise ValueError(f"the checkpoint's lr schedule is scheduler_type {sd['kind']}, this run's is "
                              f"{self.kind}; set resume.reset_scheduler=true to restart the schedule, or "
                              f"training.scheduler_type={sd['kind']} to continue it")
-        self.last_step = 0 if reset else int(sd["last_step"])
+        self.last_step = int(sd["last_step"])
