@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 # Parameters apply_precision leaves in fp32 under bf16_mixed: time embeddings and modulation tables
 # (Wan keeps these in fp32; in bf16 the small gate values lose too many bits). Under DDP they stay fp32
 # weights. Under --deepspeed with bf16, DeepSpeed casts every module parameter to bf16, so they compute
-# from bf16 copies; their ZeRO-1/2 fp32 masters hold the loaded fp32 values (train/engine.py,
+# from bf16 copies; their ZeRO-1/2 fp32 masters hold the loaded fp32 values (train/deepspeed_engine.py,
 # restore_fp32_masters; TRAINING.md "Precision and memory").
 FP32_PATTERNS = ("time_embedder", "time_proj", "scale_shift_table", "modulation")
 
