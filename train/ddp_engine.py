@@ -8,6 +8,7 @@ import torch
 from checkpoint.zero import optimizer_state_by_name, save_plain_layout
 from train.engine import Engine, poison_nonfinite
 from utils import dist
+from utils.batch import ModelBatch
 
 MODEL_FILE, OPTIMIZER_FILE = "model.pt", "optimizer.pt"
 
@@ -21,7 +22,7 @@ class DDPEngine(Engine):
         self.base_optimizer = optimizer
         self.ema = self.whole_parameter_ema(cfg.training.ema)
 
-    def micro_step(self, inputs: dict[str, Any], is_last: bool) -> dict[str, torch.Tensor]:
+    def micro_step(self, inputs: ModelBatch, is_last: bool) -> dict[str, torch.Tensor]:
         sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(self.model)
         with sync:
             out = self.model(inputs)

@@ -13,6 +13,7 @@ import torch
 from optim.hyperparameters import apply_group_options, group_options
 from train.ema import EMA
 from utils import dist
+from utils.batch import ModelBatch
 
 
 def poison_nonfinite(loss: torch.Tensor) -> torch.Tensor:
@@ -62,7 +63,7 @@ class Engine(ABC):
         return EMA(settings, [p for _, p in named], names=[n for n, _ in named])
 
     @abstractmethod
-    def micro_step(self, inputs: dict[str, Any], is_last: bool) -> dict[str, torch.Tensor]:
+    def micro_step(self, inputs: ModelBatch, is_last: bool) -> dict[str, torch.Tensor]:
         """Forward and backward of one micro batch; gradients sync only at the last micro-step."""
 
     @abstractmethod
