@@ -14,26 +14,24 @@ report is read, not run again, so an interrupted curve continues where it stoppe
 import argparse
 import json
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from checkpoint.checkpointer import PREFIX, complete_checkpoints  # noqa: E402
 from inference.rollout import main as rollout  # noqa: E402
 
 STAGES = (1, 2, 3, 4)  # gym-aloha transfer_cube rewards: 1 right gripper touches the cube, 2 lifts it, 3 left touches it, 4 left holds it up
 
 
 def checkpoints(run, only):
-    found = {}
-    for name in os.listdir(run):
-        m = re.fullmatch(r"checkpoint_step_(\d+)", name)
-        if m and (not only or int(m.group(1)) in only):
-            found[int(m.group(1))] = os.path.join(run, name)
+    """{step: folder} of the run's complete checkpoints (a save still being written is left out)."""
+    found = {int(os.path.basename(p)[len(PREFIX):]): p for p in complete_checkpoints(run)}
+    found = {step: p for step, p in found.items() if not only or step in only}
     if not found:
-        raise SystemExit(f"closed_loop_curve: no checkpoint_step_N folder{' of ' + str(sorted(only)) if only else ''} "
-                         f"in '{run}'")
-    return dict(sorted(found.items()))
+        raise SystemExit(f"closed_loop_curve: no complete checkpoint_step_N folder"
+                         f"{' of ' + str(sorted(only)) if only else ''} in '{run}'")
+    return found
 
 
 def reached(summary):
