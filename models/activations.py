@@ -12,15 +12,19 @@ not as the reference kernel that fake tensors dispatch to, which would keep the 
 `measure()` counts the same on real tensors (by storage), for calibration and tests.
 """
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NoReturn
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.autograd.function import FunctionCtx
 
 from models import world_model as wm
 from models.build import size_table_model
+from models.sizes import ModelSize
 from utils.batch import ModelBatch
 
 VLM_PROMPT_TOKENS = 40  # chat template (~8 tokens) + an instruction of ~32 tokens, beside the image tokens
@@ -36,7 +40,8 @@ class Activations:
     """Saved by one layer without checkpointing (layer 1): the most one block's recompute holds."""
 
 
-def example_inputs(cfg, model, size, batch: int, device: torch.device | str = "cpu") -> ModelBatch:
+def example_inputs(cfg: DictConfig, model: wm.WorldModel, size: ModelSize, batch: int,
+                   device: torch.device | str = "cpu") -> ModelBatch:
     """Inputs at the config's real shapes: latents from the VAE's compression, umT5 padded to its
     text length, VLM features of the image tokens of one frame plus a prompt."""
     from models.build import vae_compression
@@ -56,7 +61,7 @@ def example_inputs(cfg, model, size, batch: int, device: torch.device | str = "c
         vlm_features=torch.randn(batch, vlm_len, spec["vlm_dim"], device=device))
 
 
-def expert_tokens(cfg: Any, model: wm.WorldModel, size: Any) -> dict[str, int]:
+def expert_tokens(cfg: DictConfig, model: wm.WorldModel, size: ModelSize) -> dict[str, int]:
     """Tokens each expert of the joint attention sees per sample: video (Wan patches of the latents),
     action ([state |] chunk | registers) and understanding (VLM features)."""
     inputs = example_inputs(cfg, model, size, 1, device="meta")
@@ -66,7 +71,7 @@ def expert_tokens(cfg: Any, model: wm.WorldModel, size: Any) -> dict[str, int]:
     return {"video": frames // p_t * (h // p_h) * (w // p_w), "action": action, "und": inputs.vlm_features.shape[1]}
 
 
-def model_flops_per_sample(model, tokens):
+def model_flops_per_sample(model: wm.WorldModel, tokens: Mapping[str, int]) -> int:
     """6 x sum(expert parameters x the tokens it processes): forward + backward of the matmuls; the
     attention scores, the text cross-attention's keys/values and checkpointing's recompute are not
     counted (so MFU is the usual model-flops utilisation, not hardware utilisation)."""
@@ -78,7 +83,8 @@ class _FusedAttention(torch.autograd.Function):
     """What a fused attention kernel keeps for its backward; the forward's values are not computed."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask):
+    def forward(ctx: FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
         # [B, H, S, D] over a [B, S, H, D] buffer, as the fused kernels write it: the caller's
         # transpose back to [B, S, H * D] is then a view, not a copy
         out = q.new_empty(q.shape[0], q.shape[2], q.shape[1], v.shape[-1]).transpose(1, 2)
@@ -87,23 +93,29 @@ class _FusedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> NoReturn:
         raise RuntimeError("_FusedAttention only counts memory")
 
 
-def _fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                enable_gqa: bool = False) -> torch.Tensor:
     return _FusedAttention.apply(query, key, value, attn_mask)
 
 
 class _Counter:
     """Adds up saved tensors (each storage once, parameters excluded), split by layer."""
 
-    def __init__(self, model, key):
+    def __init__(self, model: wm.WorldModel, key: Callable[[torch.Tensor], int]) -> None:
         self.params = {id(p) for p in model.parameters()}
-        self.key, self.seen, self.keep, self.checkpointing = key, set(), [], model.gradient_checkpointing
-        self.kept, self.layers, self.layer = 0, [], None
+        self.key, self.checkpointing = key, model.gradient_checkpointing
+        self.seen: set[int] = set()
+        self.keep: list[torch.Tensor] = []
+        self.kept = 0
+        self.layers: list[int] = []  # bytes saved inside each joint layer, in call order
+        self.layer: int | None = None  # the layer running now
 
-    def _add(self, t):
+    def _add(self, t: torch.Tensor) -> int:
         base = t if t._base is None else t._base
         if id(t) in self.params or id(base) in self.params:
             return 0
@@ -114,15 +126,15 @@ class _Counter:
         self.keep.append(base)  # keep it alive so that its id is not reused during the trace
         return base.untyped_storage().nbytes() if not isinstance(base, FakeTensor) else base.numel() * base.element_size()
 
-    def pack(self, t):
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
         n = self._add(t)
         self.kept += n
         if self.layer is not None:
             self.layers[self.layer] += n
         return t
 
-    def wrap(self, layer_fn):
-        def counted(*args):
+    def wrap(self, layer_fn: wm.LayerFn) -> wm.LayerFn:
+        def counted(*args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # joint_layer's arguments
             if self.checkpointing:  # checkpoint() keeps the block's inputs for the recompute
                 self.kept += sum(self._add(a) for a in args if torch.is_tensor(a))
             self.layers.append(0)
@@ -134,7 +146,7 @@ class _Counter:
         return counted
 
 
-def _count_once(model, inputs, key):
+def _count_once(model: wm.WorldModel, inputs: ModelBatch, key: Callable[[torch.Tensor], int]) -> _Counter:
     counter = _Counter(model, key)
     real_layer = wm.joint_layer
     wm.joint_layer = counter.wrap(real_layer)
@@ -146,7 +158,7 @@ def _count_once(model, inputs, key):
     return counter
 
 
-def _count(model: wm.WorldModel, inputs: ModelBatch, key: Callable[[torch.Tensor], Any]) -> dict[bool, Activations]:
+def _count(model: wm.WorldModel, inputs: ModelBatch, key: Callable[[torch.Tensor], int]) -> dict[bool, Activations]:
     """{checkpointing: Activations} for both settings (the model's own setting is restored)."""
     checkpointing = model.gradient_checkpointing
     out = {}
@@ -162,19 +174,19 @@ def _count(model: wm.WorldModel, inputs: ModelBatch, key: Callable[[torch.Tensor
     return out
 
 
-def trace(model, inputs):
+def trace(model: wm.WorldModel, inputs: ModelBatch) -> dict[bool, Activations]:
     """{checkpointing: Activations} of `model(inputs)` for a model and inputs made under FakeTensorMode
     (shapes and dtypes only: autocast applies as on a real CPU, which the meta device does not support)."""
     with _patched(F, "scaled_dot_product_attention", _fused_sdpa):
         return _count(model, inputs, key=id)
 
 
-def measure(model, inputs):
+def measure(model: wm.WorldModel, inputs: ModelBatch) -> dict[bool, Activations]:
     """The same count on real tensors, by storage: the reference the trace is checked against."""
     return _count(model, inputs, key=lambda t: t.untyped_storage().data_ptr())
 
 
-def per_sample(cfg, size):
+def per_sample(cfg: DictConfig, size: ModelSize) -> dict[bool, Activations]:
     """{checkpointing: Activations} of one sample at the size's depth. Every layer keeps the same
     bytes, so two shallow fakes (2 and 3 layers) fix the line kept(L) = kept(2) + (L - 2) x step,
     which keeps the trace a few seconds whatever the depth."""
@@ -189,7 +201,7 @@ def per_sample(cfg, size):
 
 
 @contextlib.contextmanager
-def _patched(module, name, value):
+def _patched(module: object, name: str, value: object) -> Iterator[None]:
     real = getattr(module, name)
     setattr(module, name, value)
     try:

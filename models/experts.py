@@ -14,14 +14,14 @@ from torch import nn
 TIME_FREQ_DIM = 256
 
 
-def mlp3x_silu(in_dim, dim):
+def mlp3x_silu(in_dim: int, dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_dim, dim), nn.SiLU(), nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
 
 
 ADAPTERS = {"mlp3x_silu": mlp3x_silu}  # VLM features -> understanding-expert width
 
 
-def sincos_table(length, dim):
+def sincos_table(length: int, dim: int) -> torch.Tensor:
     """Fixed 1-D sin-cos positions [1, length, dim] (first half sin, second half cos; frequencies
     10000^(-i / (dim / 2)), as Motus's `get_1d_sincos_pos_embed_from_grid`)."""
     pos = torch.arange(length, dtype=torch.float64)[:, None]
@@ -36,7 +36,7 @@ class ExpertBlock(nn.Module):
     """norm1 -> q/k/v into the Wan head space (+ RMSNorm on q, k); o back to the expert width;
     norm2 -> FFN. `modulated` adds a `modulation [1, 6, D]` table (AdaLN, as Wan's blocks)."""
 
-    def __init__(self, dim, ffn_dim, inner_dim, eps, modulated):
+    def __init__(self, dim: int, ffn_dim: int, inner_dim: int, eps: float, modulated: bool) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
         self.norm2 = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
@@ -49,7 +49,7 @@ class ExpertBlock(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(ffn_dim, dim))
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim ** 0.5) if modulated else None
 
-    def qkv(self, x):
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.norm_q(self.to_q(x)), self.norm_k(self.to_k(x)), self.to_v(x)
 
 
@@ -57,8 +57,9 @@ class ActionExpert(nn.Module):
     """Tokens `[state | noisy chunk | registers]` (fine-tune) or the chunk alone (pretrain),
     modulated by the action noise level; a zero-initialised decoder reads the chunk back."""
 
-    def __init__(self, num_layers, dim, ffn_mult, inner_dim, eps, action_dim, state_dim,
-                 action_chunk_size, num_registers, use_state, position_scale=1.0):
+    def __init__(self, num_layers: int, dim: int, ffn_mult: int, inner_dim: int, eps: float, action_dim: int,
+                 state_dim: int, action_chunk_size: int, num_registers: int, use_state: bool,
+                 position_scale: float = 1.0) -> None:
         super().__init__()
         self.use_state = use_state
         self.action_chunk_size = action_chunk_size
@@ -79,7 +80,7 @@ class ActionExpert(nn.Module):
         nn.init.zeros_(self.proj_out.weight)  # start by predicting zero velocity: no noise into the video stream
         nn.init.zeros_(self.proj_out.bias)
 
-    def embed_time(self, timestep):
+    def embed_time(self, timestep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """timestep [B] (1000 * noise level) -> (temb [B, D], modulation [B, 6, D]), in fp32."""
         freqs = get_timestep_embedding(timestep.float(), TIME_FREQ_DIM, flip_sin_to_cos=True,
                                        downscale_freq_shift=0)
@@ -87,7 +88,7 @@ class ActionExpert(nn.Module):
         temb = self.time_embedder(freqs.to(weight.dtype))
         return temb, self.time_proj(temb).unflatten(1, (6, -1))
 
-    def embed_tokens(self, actions, state):
+    def embed_tokens(self, actions: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
         tokens = [self.action_encoder(actions)]
         if self.use_state:
             if state is None:
@@ -99,7 +100,7 @@ class ActionExpert(nn.Module):
         x = torch.cat(tokens, dim=1)
         return x + self.positions.to(x.dtype)
 
-    def decode(self, x, temb):
+    def decode(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
         shift, scale = (self.out_modulation + temb[:, None].float()).chunk(2, dim=1)
         x = (self.norm_out(x.float()) * (1 + scale) + shift).to(x.dtype)
         start = 1 if self.use_state else 0
@@ -113,7 +114,8 @@ class UndExpert(nn.Module):
     later layer reads the understanding tokens: those parameters get exactly zero gradient
     (see WorldModel.velocity), which keeps the published parameter count."""
 
-    def __init__(self, num_layers, dim, ffn_mult, inner_dim, eps, vlm_dim, projector_type="mlp3x_silu"):
+    def __init__(self, num_layers: int, dim: int, ffn_mult: int, inner_dim: int, eps: float, vlm_dim: int,
+                 projector_type: str = "mlp3x_silu") -> None:
         super().__init__()
         if projector_type not in ADAPTERS:
             raise ValueError(f"model.und_expert.vlm.projector_type is '{projector_type}'; "

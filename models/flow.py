@@ -4,11 +4,16 @@
 and action streams draw s independently per sample (UniDiffuser style), which is what
 lets one network serve the five inference modes below by choosing each stream's s.
 """
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
+from models.config import TimeDistributionConfig
 from utils.batch import ModelBatch
+
+if TYPE_CHECKING:  # world_model imports this module
+    from models.world_model import WorldModel
 
 # Per mode, what each stream does: "generate" (Euler from s=1 to 0), "given" (clean input
 # kept, s=0) or "marginal" (held at pure noise, s=1: the stream is integrated out).
@@ -23,19 +28,21 @@ MODES = {
 MOTUS_NUM_TRAIN_STEPS = 1000  # the discrete schedule of `uniform` and the timestep scale of Wan
 
 
-def shift_noise_levels(s, shift):
+def shift_noise_levels(s: torch.Tensor, shift: float) -> torch.Tensor:
     """Timestep shift `shift * s / (1 + (shift - 1) * s)`: shift > 1 moves mass towards noise."""
     return shift * s / (1 + (shift - 1) * s)
 
 
-def sample_noise_levels(n, td, device=None, generator=None):
+def sample_noise_levels(n: int, td: TimeDistributionConfig, device: torch.device | str | None = None,
+                        generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw n noise levels in [0, 1] from `model.time_distribution` (`td`): the law, then the
     shift, then the [min_t, max_t] clamp."""
     return _levels(td, lambda: torch.randn(n, device=device, generator=generator),
                    lambda: torch.rand(n, device=device, generator=generator))
 
 
-def _levels(td, normal, uniform):
+def _levels(td: TimeDistributionConfig, normal: Callable[[], torch.Tensor],
+            uniform: Callable[[], torch.Tensor]) -> torch.Tensor:
     """The noise-level law applied to standard draws: `normal()` ~ N(0, 1), `uniform()` ~ U[0, 1)."""
     if td.timestep_sample_method == "logit_normal":
         s = torch.sigmoid(td.sigmoid_scale * normal())
@@ -58,12 +65,12 @@ _MASK32 = 0xFFFFFFFF
 VIDEO_LEVEL, ACTION_LEVEL, VIDEO_NOISE, ACTION_NOISE = range(4)  # independent streams per sample
 
 
-def _mul32(x, c):
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     """(x * c) mod 2**32 for x in [0, 2**32), in two 16-bit halves of the constant c."""
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
 
 
-def _mix32(x):
+def _mix32(x: torch.Tensor) -> torch.Tensor:
     """murmur3's 32-bit finaliser: a bijection of [0, 2**32) in which every input bit flips about
     half of the output bits."""
     x = x ^ (x >> 16)
@@ -73,7 +80,7 @@ def _mix32(x):
     return x ^ (x >> 16)
 
 
-def _hash_bits(seeds, stream, count):
+def _hash_bits(seeds: torch.Tensor, stream: int, count: int) -> torch.Tensor:
     """32 random bits [B, count] (int64) for element counters 0..count-1 of each sample's stream."""
     seeds = seeds.long().view(-1, 1)
     key = _mix32((seeds & _MASK32) ^ _mix32(((seeds >> 32) & _MASK32) ^ _mix32(torch.full_like(seeds, stream))))
@@ -82,7 +89,7 @@ def _hash_bits(seeds, stream, count):
     return _mix32(_mix32(counter ^ key) ^ key2)
 
 
-def seeded_uniform(seeds, stream, shape):
+def seeded_uniform(seeds: torch.Tensor, stream: int, shape: Sequence[int]) -> torch.Tensor:
     """U[0, 1) draws [B, *shape] in float32 (24 random bits each) from per-sample int64 seeds [B]."""
     count = 1
     for d in shape:
@@ -90,22 +97,23 @@ def seeded_uniform(seeds, stream, shape):
     return ((_hash_bits(seeds, stream, count) >> 8).float() * 2.0 ** -24).view(-1, *shape)
 
 
-def seeded_normal(seeds, stream, shape):
+def seeded_normal(seeds: torch.Tensor, stream: int, shape: Sequence[int]) -> torch.Tensor:
     """N(0, 1) draws [B, *shape] in float32 (Box-Muller on two seeded uniforms per element)."""
     u = seeded_uniform(seeds, stream, (2, *shape))
     radius = torch.sqrt(-2.0 * torch.log1p(-u[:, 0]))  # 1 - u in (0, 1]: the log is finite
     return radius * torch.cos(2 * torch.pi * u[:, 1])
 
 
-def _bcast(s, x):
+def _bcast(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return s.view(-1, *([1] * (x.dim() - 1))).to(x.dtype)
 
 
-def add_noise(x0, eps, s):
+def add_noise(x0: torch.Tensor, eps: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (1 - _bcast(s, x0)) * x0 + _bcast(s, x0) * eps
 
 
-def _draw_noise(x0, a0, td, generator):
+def _draw_noise(x0: torch.Tensor, a0: torch.Tensor, td: TimeDistributionConfig, generator: torch.Generator | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Noise levels and noise of both streams for a batch, from one generator (or the global RNG)."""
     batch = x0.shape[0]
     s_video = sample_noise_levels(batch, td, x0.device, generator)
@@ -115,14 +123,15 @@ def _draw_noise(x0, a0, td, generator):
     return s_video, s_action, eps_video, eps_action
 
 
-def _draw_noise_per_sample(x0, a0, td, seeds):
+def _draw_noise_per_sample(x0: torch.Tensor, a0: torch.Tensor, td: TimeDistributionConfig, seeds: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The same draw with each sample's noise a pure function of its own seed (seeded_normal /
     seeded_uniform, on the latents' device): a sample's noise then does not depend on which rank
     holds it or on its place in the batch, so runs with different process counts (and a resumed
     run) see the same noise."""
     seeds = seeds.to(x0.device, non_blocking=True)
 
-    def levels(stream):
+    def levels(stream: int) -> torch.Tensor:
         return _levels(td, lambda: seeded_normal(seeds, stream, (1,))[:, 0],
                        lambda: seeded_uniform(seeds, stream, (1,))[:, 0])
 
@@ -130,7 +139,8 @@ def _draw_noise_per_sample(x0, a0, td, seeds):
             seeded_normal(seeds, ACTION_NOISE, a0.shape[1:]))
 
 
-def flow_losses(model: Any, inputs: ModelBatch, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+def flow_losses(model: "WorldModel", inputs: ModelBatch,
+                generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
     """Noise both streams at independent levels, predict velocities, return the losses.
 
     `inputs.noise_seeds`, when given, seeds each sample's noise."""
@@ -156,8 +166,9 @@ def flow_losses(model: Any, inputs: ModelBatch, generator: torch.Generator | Non
 
 
 @torch.no_grad()
-def euler_sample(model: Any, inputs: ModelBatch, mode: str, num_steps: int, generator: torch.Generator | None = None,
-                 noise: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor | None]:
+def euler_sample(model: "WorldModel", inputs: ModelBatch, mode: str, num_steps: int,
+                 generator: torch.Generator | None = None, noise: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> dict[str, torch.Tensor | None]:
     """Integrate from s=1 to 0 over `linspace(1, 0, num_steps + 1)` for the streams that `mode`
     generates; given streams stay clean, marginal ones stay at pure noise. Latent frame 0
     is re-imposed after every step. Streams not generated are returned as given (or None).

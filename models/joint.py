@@ -5,8 +5,16 @@ The Wan block's own modules are used as they are (attn1.to_q/k/v, norm_q/k, to_o
 attn2, ffn, scale_shift_table); only the order of calls is ours, so that the
 self-attention can span the three streams.
 """
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
+
+from models.experts import ExpertBlock
+
+if TYPE_CHECKING:
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
 try:  # optional: used on GPU in half precision when there is no padding mask
     from flash_attn import flash_attn_func
@@ -14,7 +22,7 @@ except ImportError:
     flash_attn_func = None
 
 
-def attention(q, k, v, mask):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q, k, v [B, S, H, hd]; mask None or bool [B, 1, 1, S] (True: attend). -> [B, S, H * hd]."""
     if flash_attn_func is not None and mask is None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         return flash_attn_func(q, k, v).flatten(2)
@@ -22,19 +30,23 @@ def attention(q, k, v, mask):
     return out.transpose(1, 2).flatten(2)
 
 
-def apply_rope(x, cos, sin):
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved pairs of x [B, S, H, hd] by Wan's rope tables [1, S, 1, hd] (in fp32)."""
     x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
     cos, sin = cos[..., 0::2].float(), sin[..., 1::2].float()
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).type_as(x)
 
 
-def _modulate(norm, x, shift, scale):
+def _modulate(norm: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, shift: torch.Tensor,
+              scale: torch.Tensor) -> torch.Tensor:
     # Wan keeps the norm and modulation in fp32, then returns to the stream's dtype
     return (norm(x.float()) * (1 + scale) + shift).to(x.dtype)
 
 
-def joint_layer(block, act, und, v, a, u, mod_v, mod_a, text, rope, mask, heads):
+def joint_layer(block: "WanTransformerBlock", act: ExpertBlock, und: ExpertBlock, v: torch.Tensor, a: torch.Tensor,
+                u: torch.Tensor, mod_v: torch.Tensor, mod_a: torch.Tensor, text: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None, heads: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """v [B, Sv, Dv], a [B, Sa, Da], u [B, Su, Du]; mod_v [B, 6, Dv] and mod_a [B, 6, Da] are the
     time projections; text [B, Lt, Dv]; rope (cos, sin) for the video tokens."""
     sh_v, sc_v, g_v, csh_v, csc_v, cg_v = (block.scale_shift_table + mod_v.float()).chunk(6, dim=1)

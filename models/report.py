@@ -7,10 +7,17 @@
                                    stats.unnormalize_action(pred["actions"]))
     writer.add_image("val/frames", grid, step); writer.add_figure("val/actions", fig, step)
 """
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.figure import Figure
 
-def frame_grid(true_video, pred_video, max_samples=2):
+
+def frame_grid(true_video: torch.Tensor, pred_video: torch.Tensor, max_samples: int = 2) -> torch.Tensor:
     """[B, T, 3, H, W] videos in [-1, 1] -> one image [3, rows * H, T * W] in [0, 1]: for each
     sample a row of true frames above a row of predicted frames (frame 0 is the condition)."""
     rows = []
@@ -21,7 +28,7 @@ def frame_grid(true_video, pred_video, max_samples=2):
     return ((torch.cat(rows, dim=-2) + 1) / 2).clamp(0, 1)
 
 
-def action_figure(true_actions, pred_actions, sample=0):
+def action_figure(true_actions: torch.Tensor, pred_actions: torch.Tensor, sample: int = 0) -> "Figure":
     """[B, chunk, action_dim] -> a matplotlib figure with one panel per action dimension."""
     import matplotlib
 
@@ -47,19 +54,21 @@ def action_figure(true_actions, pred_actions, sample=0):
     return fig
 
 
-def prediction_figures(true_video, pred_video, true_actions, pred_actions, max_samples=2):
+def prediction_figures(true_video: torch.Tensor, pred_video: torch.Tensor, true_actions: torch.Tensor,
+                       pred_actions: torch.Tensor, max_samples: int = 2) -> tuple[torch.Tensor, "Figure"]:
     """-> (frame grid tensor [3, H', W'] in [0, 1], matplotlib figure of the actions of sample 0)."""
     return frame_grid(true_video, pred_video, max_samples), action_figure(true_actions, pred_actions)
 
 
-def side_by_side(true_video, pred_video):
+def side_by_side(true_video: torch.Tensor, pred_video: torch.Tensor) -> "np.ndarray":
     """One sample's videos [T, 3, H, W] in [-1, 1] -> uint8 frames [T, H, 2W, 3]: true left, predicted right."""
     frames = min(true_video.shape[0], pred_video.shape[0])
     both = torch.cat([true_video[:frames].float().cpu(), pred_video[:frames].float().cpu()], dim=-1)
     return ((both.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
-def curve_figure(series, xlabel, ylabel, title, log_y=False):
+def curve_figure(series: Mapping[str, Sequence[float]], xlabel: str, ylabel: str, title: str,
+                 log_y: bool = False) -> "Figure":
     """`series` name -> list of values (one line each, x = 0, 1, ...) -> a matplotlib figure."""
     import matplotlib
 

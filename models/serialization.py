@@ -2,8 +2,14 @@
 (`model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`)."""
 import json
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+import torch
 from safetensors.torch import load_file, save_file
+
+if TYPE_CHECKING:  # world_model imports this module
+    from models.world_model import WorldModel
 
 DEFAULT_SHARD_BYTES = 5 * 1024 ** 3
 CONFIG_NAME = "config.json"
@@ -15,11 +21,12 @@ class ModelLoadError(RuntimeError):
     """A folder that does not hold what it should: the message names the path and what is missing."""
 
 
-def save(model, directory, max_shard_bytes=DEFAULT_SHARD_BYTES):
+def save(model: "WorldModel", directory: str | os.PathLike[str], max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
     save_state(model.spec, model.state_dict(), directory, max_shard_bytes)
 
 
-def save_state(spec, state, directory, max_shard_bytes=DEFAULT_SHARD_BYTES):
+def save_state(spec: Mapping[str, Any], state: Mapping[str, torch.Tensor], directory: str | os.PathLike[str],
+               max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
     """config.json (`spec`) + the tensors of `state` ({name: tensor}), sharded above max_shard_bytes."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, CONFIG_NAME), "w") as f:
@@ -49,7 +56,7 @@ def save_state(spec, state, directory, max_shard_bytes=DEFAULT_SHARD_BYTES):
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
-def read_config(directory):
+def read_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
     path = os.path.join(directory, CONFIG_NAME)
     if not os.path.isfile(path):
         raise ModelLoadError(f"'{directory}' has no {CONFIG_NAME}: expected a folder written by "
@@ -58,7 +65,7 @@ def read_config(directory):
         return json.load(f)
 
 
-def read_state_dict(directory):
+def read_state_dict(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """All tensors of an exported folder (single file or sharded)."""
     single, index = os.path.join(directory, WEIGHTS_NAME), os.path.join(directory, INDEX_NAME)
     if os.path.isfile(single):
@@ -73,7 +80,8 @@ def read_state_dict(directory):
     raise ModelLoadError(f"'{directory}' has neither {WEIGHTS_NAME} nor {INDEX_NAME}")
 
 
-def load_weights(model, directory, device="cpu"):
+def load_weights(model: "WorldModel", directory: str | os.PathLike[str],
+                 device: torch.device | str = "cpu") -> "WorldModel":
     """Load an exported folder into `model` (parameters may be on meta); every key must match."""
     state = read_state_dict(directory)
     expected = set(model.state_dict())
@@ -86,6 +94,6 @@ def load_weights(model, directory, device="cpu"):
     return model.to(device)
 
 
-def count_parameters(module):
+def count_parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 

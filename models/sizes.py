@@ -7,6 +7,7 @@ size. `motus` is the published Motus model (Wan2.2-TI2V-5B + Qwen3-VL-2B +
 umT5-XXL); `tiny` keeps the same structure with small dims so a training step
 takes seconds on a CPU; `small` sits in between for single-GPU experiments.
 """
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict
 
@@ -31,19 +32,20 @@ class ModelSize:
     """Top-level `Qwen3VLConfig` keyword arguments (token ids, tied embeddings)."""
 
     @property
-    def num_layers(self):
+    def num_layers(self) -> int:
         return self.wan["num_layers"]
 
 
-def _wan(num_layers, heads, head_dim, in_channels, text_dim, ffn_dim):
+def _wan(num_layers: int, heads: int, head_dim: int, in_channels: int, text_dim: int, ffn_dim: int) -> dict[str, Any]:
     return dict(patch_size=[1, 2, 2], num_attention_heads=heads, attention_head_dim=head_dim,
                 in_channels=in_channels, out_channels=in_channels, text_dim=text_dim, freq_dim=256,
                 ffn_dim=ffn_dim, num_layers=num_layers, cross_attn_norm=True,
                 qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 
 
-def _vae(base_dim, decoder_base_dim, z_dim, dim_mult=(1, 2, 4, 4), temporal=(False, True, True),
-         latents_mean=None, latents_std=None):
+def _vae(base_dim: int, decoder_base_dim: int, z_dim: int, dim_mult: Sequence[int] = (1, 2, 4, 4),
+         temporal: Sequence[bool] = (False, True, True), latents_mean: Sequence[float] | None = None,
+         latents_std: Sequence[float] | None = None) -> dict[str, Any]:
     # Wan2.2's structure (residual blocks, 2x2 patchify, then one 2x spatial downsampling per stage
     # after the first; two of them also halve time). Without latents_mean/std: placeholders
     # (diffusers folders carry their own; tiny_assets measures them).
@@ -68,13 +70,14 @@ WAN22_LATENTS_STD = (
     0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.06, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744)
 
 
-def _umt5(vocab_size, d_model, d_ff, num_layers, num_heads, d_kv):
+def _umt5(vocab_size: int, d_model: int, d_ff: int, num_layers: int, num_heads: int, d_kv: int) -> dict[str, Any]:
     return dict(vocab_size=vocab_size, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                 num_heads=num_heads, d_kv=d_kv, feed_forward_proj="gated-gelu",
                 relative_attention_num_buckets=32, pad_token_id=0, eos_token_id=1)
 
 
-def _qwen_text(vocab_size, hidden, layers, heads, kv_heads, head_dim, intermediate, theta):
+def _qwen_text(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+               theta: float) -> dict[str, Any]:
     return dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                 num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
                 intermediate_size=intermediate, max_position_embeddings=262144,
@@ -82,7 +85,8 @@ def _qwen_text(vocab_size, hidden, layers, heads, kv_heads, head_dim, intermedia
                                      mrope_interleaved=True))
 
 
-def _qwen_vision(depth, hidden, intermediate, heads, out_hidden, deepstack):
+def _qwen_vision(depth: int, hidden: int, intermediate: int, heads: int, out_hidden: int,
+                 deepstack: list[int]) -> dict[str, Any]:
     return dict(depth=depth, hidden_size=hidden, intermediate_size=intermediate, num_heads=heads,
                 patch_size=16, temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=out_hidden,
                 num_position_embeddings=2304, deepstack_visual_indexes=deepstack)
@@ -132,7 +136,7 @@ SMALL = replace(
 SIZES = {"tiny": TINY, "small": SMALL, "motus": MOTUS}
 
 
-def get_size(name):
+def get_size(name: str) -> ModelSize:
     if name not in SIZES:
         raise ValueError(f"model.size is '{name}'; expected one of {', '.join(SIZES)}")
     return SIZES[name]

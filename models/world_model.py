@@ -6,6 +6,9 @@ outputs (`video_latents`, `text_embeds`, `vlm_features`), which may come from a 
 """
 import contextlib
 import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Self
 
 import torch
 from accelerate import init_empty_weights
@@ -29,14 +32,15 @@ log = logging.getLogger(__name__)
 # from bf16 copies; their ZeRO-1/2 fp32 masters hold the loaded fp32 values (train/deepspeed_engine.py,
 # restore_fp32_masters; TRAINING.md "Precision and memory").
 FP32_PATTERNS = ("time_embedder", "time_proj", "scale_shift_table", "modulation")
+LayerFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # joint_layer or a wrapper of it
 
 
-def settings_from_dict(model_section):
+def settings_from_dict(model_section: Mapping[str, Any]) -> ModelConfig:
     """The `model` config section as a typed ModelConfig (validated against the schema)."""
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model_section))
 
 
-def checkpointed_joint_layer(*args):
+def checkpointed_joint_layer(*args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # joint_layer's arguments
     """joint_layer under activation checkpointing (its activations are recomputed in backward);
     compiled as a whole, the checkpoint becomes part of the compiled graph."""
     return checkpoint(joint_layer, *args, use_reentrant=False)
@@ -47,7 +51,7 @@ class WorldModel(nn.Module):
     wan (WanTransformer3DModel kwargs), action_hidden, und_hidden, vlm_dim, action_dim,
     state_dim, action_chunk_size, latent_frames and model (the `model` config section)."""
 
-    def __init__(self, spec, video=None):
+    def __init__(self, spec: dict[str, Any], video: WanTransformer3DModel | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.settings = settings_from_dict(spec["model"])
@@ -66,7 +70,7 @@ class WorldModel(nn.Module):
         self.und_expert = UndExpert(wan.num_layers, spec["und_hidden"], s.und_expert.ffn_dim_multiplier,
                                     inner, s.und_expert.norm_eps, spec["vlm_dim"], s.und_expert.vlm.projector_type)
         self.gradient_checkpointing = s.gradient_checkpointing
-        self._compiled = None  # (layer, checkpointed layer) after compile_blocks
+        self._compiled: tuple[LayerFn, LayerFn] | None = None  # (layer, checkpointed layer) after compile_blocks
 
     @property
     def dims(self) -> ModelDims:
@@ -76,7 +80,7 @@ class WorldModel(nn.Module):
                          vlm_dim=spec["vlm_dim"], action_chunk=self.action_chunk_size, action_dim=self.action_dim,
                          state_dim=spec["state_dim"] if self.settings.mode == "finetune" else None)
 
-    def compile_blocks(self, mode=None):
+    def compile_blocks(self, mode: str | None = None) -> Self:
         """Regional torch.compile: one compiled joint layer function (and its checkpointed twin)
         shared by every layer. The layers' modules are inputs of the graph, not constants in it, so
         the layers of one shape reuse one graph and compile time does not grow with depth. `mode`:
@@ -84,14 +88,14 @@ class WorldModel(nn.Module):
         self._compiled = (torch.compile(joint_layer, mode=mode), torch.compile(checkpointed_joint_layer, mode=mode))
         return self
 
-    def _layer_fn(self, recompute):
+    def _layer_fn(self, recompute: bool) -> LayerFn:
         # eager: the module's functions, looked up at call time (models/activations.py wraps them)
         if self._compiled is not None:
             return self._compiled[recompute]
         return checkpointed_joint_layer if recompute else joint_layer
 
     # ---- precision -------------------------------------------------------------------------
-    def apply_precision(self):
+    def apply_precision(self) -> Self:
         """bf16_mixed: weights in bf16 except FP32_PATTERNS; fp32 and fp32_mixed keep fp32 weights."""
         if self.settings.precision == "bf16_mixed":
             for name, p in self.named_parameters():
@@ -99,19 +103,19 @@ class WorldModel(nn.Module):
                     p.data = p.data.to(torch.bfloat16)
         return self
 
-    def _autocast(self, device):
+    def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager[None]:
         if self.settings.precision == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=torch.bfloat16)
 
     # ---- the network -----------------------------------------------------------------------
-    def _video_time(self, s):
+    def _video_time(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ce = self.video.condition_embedder
         freqs = ce.timesteps_proj(s.float() * MOTUS_NUM_TRAIN_STEPS)
         temb = ce.time_embedder(freqs.to(ce.time_embedder.linear_1.weight.dtype))
         return temb, ce.time_proj(ce.act_fn(temb)).unflatten(1, (6, -1))
 
-    def _action_io(self, device):
+    def _action_io(self, device: torch.device) -> contextlib.AbstractContextManager[None]:
         # fp32_mixed keeps the action encoder and decoder out of autocast: actions are few
         # numbers whose precision matters, and those layers are cheap
         if self.settings.precision == "fp32_mixed":
@@ -151,13 +155,14 @@ class WorldModel(nn.Module):
         return video_out.float(), action_out.float() + 0.0 * u.float().sum()
 
     @staticmethod
-    def _joint_mask(num_video, num_action, vlm_mask, device):
+    def _joint_mask(num_video: int, num_action: int, vlm_mask: torch.Tensor | None,
+                    device: torch.device) -> torch.Tensor | None:
         if vlm_mask is None:  # no padding (train/steps.to_device drops an all-true mask on the host, where
             return None       # checking costs no GPU read-back): SDPA / flash-attn take their fastest path
         keep = torch.ones(vlm_mask.shape[0], num_video + num_action, dtype=torch.bool, device=device)
         return torch.cat([keep, vlm_mask.to(device=device, dtype=torch.bool)], dim=1)[:, None, None, :]
 
-    def _video_head(self, v, temb, shape):
+    def _video_head(self, v: torch.Tensor, temb: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         wan = self.video
         batch, _, frames, height, width = shape
         p_t, p_h, p_w = wan.config.patch_size
@@ -183,12 +188,13 @@ class WorldModel(nn.Module):
         return euler_sample(self, inputs, mode, steps, generator, noise)
 
     # ---- export ----------------------------------------------------------------------------
-    def save_pretrained(self, directory, max_shard_bytes=serialization.DEFAULT_SHARD_BYTES):
+    def save_pretrained(self, directory: str | os.PathLike[str],
+                        max_shard_bytes: int = serialization.DEFAULT_SHARD_BYTES) -> None:
         """config.json + model.safetensors (sharded with an index above max_shard_bytes)."""
         serialization.save(self, directory, max_shard_bytes)
 
     @classmethod
-    def from_pretrained(cls, directory, device="cpu"):
+    def from_pretrained(cls, directory: str | os.PathLike[str], device: torch.device | str = "cpu") -> Self:
         spec = serialization.read_config(directory)
         with init_empty_weights():  # parameters on meta (filled from the file), buffers real
             model = cls(spec)
