@@ -11,16 +11,33 @@ import glob
 import inspect
 import logging
 import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import torch
 
 from models import native_wan
 from models.serialization import ModelLoadError
+from models.sizes import ModelSize
+
+if TYPE_CHECKING:  # imported where used: reading a recipe does not load them
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import PreTrainedTokenizerBase, UMT5EncoderModel
 
 log = logging.getLogger(__name__)
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+M = TypeVar("M", bound=torch.nn.Module)  # a diffusers or transformers model
 
 
-def resolve_folder(path, key, subfolder):
+class FolderLoader(Protocol):
+    """A bound `from_pretrained` of a transformers Auto class (AutoTokenizer, AutoImageProcessor)."""
+    __self__: type
+
+    def __call__(self, folder: str, /, *, local_files_only: bool) -> Any: ...
+
+
+def resolve_folder(path: str, key: str, subfolder: str) -> str:
     """The folder holding the part: `path`, or `path/subfolder` for a pipeline root."""
     if not os.path.exists(path):
         raise ModelLoadError(f"{key}: '{path}' does not exist (expected a local folder saved with "
@@ -38,7 +55,7 @@ def resolve_folder(path, key, subfolder):
     return path
 
 
-def read_part_config(cls, path, key, subfolder):
+def read_part_config(cls: type[torch.nn.Module], path: str, key: str, subfolder: str) -> dict[str, Any]:
     """The config of a diffusers/transformers folder as a dict (a diffusers class's defaults under
     what the folder states), without reading a weight: checks run on it before anything loads."""
     folder = resolve_folder(path, key, subfolder)
@@ -52,7 +69,7 @@ def read_part_config(cls, path, key, subfolder):
         raise ModelLoadError(f"{key}: could not read the config of {cls.__name__} in '{folder}': {e}") from e
 
 
-def load_part(cls, path, key, subfolder, **kwargs):
+def load_part(cls: type[M], path: str, key: str, subfolder: str, **kwargs: Any) -> M:
     """`cls.from_pretrained` on a local folder; missing or mismatched weights are an error."""
     folder = resolve_folder(path, key, subfolder)
     try:
@@ -68,7 +85,7 @@ def load_part(cls, path, key, subfolder, **kwargs):
     return model
 
 
-def load_tokenizer_or_processor(loader, path, key, subfolders):
+def load_tokenizer_or_processor(loader: FolderLoader, path: str, key: str, subfolders: Sequence[str]) -> Any:
     """A tokenizer/processor from `path` or one of its `subfolders` (pipeline layout)."""
     candidates = [path] + [os.path.join(path, s) for s in subfolders]
     errors = []
@@ -83,7 +100,7 @@ def load_tokenizer_or_processor(loader, path, key, subfolders):
                          f"(looked in {', '.join(candidates)}): {'; '.join(errors) or 'no such folder'}")
 
 
-def wan_transformer_config(path, size, key):
+def wan_transformer_config(path: str, size: ModelSize, key: str) -> dict[str, Any]:
     """WanTransformer3DModel's kwargs for what `path` holds (see load_wan_transformer), weights unread."""
     from diffusers import WanTransformer3DModel
 
@@ -93,7 +110,7 @@ def wan_transformer_config(path, size, key):
     return read_part_config(WanTransformer3DModel, path, key, "transformer")
 
 
-def wan_vae_config(path, size, key):
+def wan_vae_config(path: str, size: ModelSize, key: str) -> dict[str, Any]:
     """AutoencoderKLWan's kwargs for what `path` holds; Wan's .pth has none: the size table's."""
     from diffusers import AutoencoderKLWan
 
@@ -102,7 +119,7 @@ def wan_vae_config(path, size, key):
     return read_part_config(AutoencoderKLWan, path, key, "vae")
 
 
-def text_encoder_config(path, size, key):
+def text_encoder_config(path: str, size: ModelSize, key: str) -> dict[str, Any]:
     """UMT5Config as a dict for what `path` holds; Wan's .pth has none: the size table's."""
     from transformers import UMT5EncoderModel
 
@@ -111,7 +128,7 @@ def text_encoder_config(path, size, key):
     return read_part_config(UMT5EncoderModel, path, key, "text_encoder")
 
 
-def load_wan_transformer(path, size, key):
+def load_wan_transformer(path: str, size: ModelSize, key: str) -> "WanTransformer3DModel":
     """WanTransformer3DModel from a diffusers folder or from Wan's own (config.json with `dim`, ...)."""
     from diffusers import WanTransformer3DModel
 
@@ -121,7 +138,7 @@ def load_wan_transformer(path, size, key):
     return load_part(WanTransformer3DModel, path, key, "transformer")
 
 
-def load_wan_vae(path, size, key, dtype):
+def load_wan_vae(path: str, size: ModelSize, key: str, dtype: torch.dtype) -> "AutoencoderKLWan":
     """AutoencoderKLWan from a diffusers folder or from Wan's `Wan2.2_VAE.pth`."""
     from diffusers import AutoencoderKLWan
 
@@ -130,7 +147,8 @@ def load_wan_vae(path, size, key, dtype):
     return load_part(AutoencoderKLWan, path, key, "vae", torch_dtype=dtype)
 
 
-def load_text_encoder(path, size, key, dtype):
+def load_text_encoder(path: str, size: ModelSize, key: str, dtype: torch.dtype
+                      ) -> tuple["UMT5EncoderModel", "PreTrainedTokenizerBase"]:
     """(UMT5EncoderModel, tokenizer) from a transformers folder (tokenizer inside or in tokenizer/)
     or from Wan's `models_t5_umt5-xxl-enc-bf16.pth` (tokenizer in google/umt5-xxl/ beside it)."""
     from transformers import AutoTokenizer, UMT5EncoderModel

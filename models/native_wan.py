@@ -19,12 +19,20 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from models.serialization import ModelLoadError
+from models.sizes import ModelSize
+
+if TYPE_CHECKING:  # imported where used: reading a recipe does not load them
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import UMT5EncoderModel
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=torch.nn.Module)
 
 NATIVE_CONFIG_KEYS = ("dim", "num_heads", "num_layers", "in_dim")
 TRANSFORMER_WEIGHTS = "diffusion_pytorch_model"
@@ -53,7 +61,7 @@ VAE22_BLOCK = re.compile(r"(encoder|decoder)\.(downsamples|upsamples)\.(\d+)\.(?
 
 
 # ---- detection ---------------------------------------------------------------------------------
-def is_native_file(path, key, file_name):
+def is_native_file(path: str, key: str, file_name: str) -> bool:
     """True for Wan's own .pth/.pt file. Wan's folder where the file in it is meant is an error that
     names the file (read as a diffusers folder, it would fail on widths that say nothing of the mix-up)."""
     if os.path.isdir(path) and native_transformer_config(path) is not None:
@@ -62,7 +70,7 @@ def is_native_file(path, key, file_name):
     return os.path.isfile(path) and path.endswith(NATIVE_FILE_SUFFIXES)
 
 
-def native_transformer_config(folder):
+def native_transformer_config(folder: str) -> dict[str, Any] | None:
     """Wan's own config.json in `folder` as a dict, or None when `folder` is no folder in Wan's format
     (a diffusers folder names `num_attention_heads`; Wan's `WanModel` names `dim`, `num_heads`, ...)."""
     path = os.path.join(folder, "config.json")
@@ -74,7 +82,7 @@ def native_transformer_config(folder):
 
 
 # ---- reading ---------------------------------------------------------------------------------
-def _transformer_shards(folder, key):
+def _transformer_shards(folder: str, key: str) -> list[str]:
     index = os.path.join(folder, f"{TRANSFORMER_WEIGHTS}.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
@@ -89,13 +97,13 @@ def _transformer_shards(folder, key):
     return files
 
 
-def _owned(tensor, dtype):
+def _owned(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A copy in `dtype` in torch's own (aligned) memory: safetensors hands out tensors at unaligned
     addresses and mmap'd .pth tensors live in the file, where CPU kernels may round differently."""
     return tensor.to(dtype) if tensor.dtype != dtype else tensor.clone()
 
 
-def _read_safetensors(files, key, dtype):
+def _read_safetensors(files: Iterable[str], key: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     state = {}
@@ -109,7 +117,7 @@ def _read_safetensors(files, key, dtype):
     return state
 
 
-def _read_pth(path, key, dtype):
+def _read_pth(path: str, key: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # name the file; torch's message says what is wrong with it
@@ -120,7 +128,7 @@ def _read_pth(path, key, dtype):
 
 
 # ---- key mappings ------------------------------------------------------------------------------
-def _vae22_block_key(name):
+def _vae22_block_key(name: str) -> str:
     """`encoder.downsamples.i.downsamples.j.residual.2.weight` -> `encoder.down_blocks.i.resnets.j.conv1.weight`,
     the block's final Resample -> `down_blocks.i.downsampler` (decoder: `up_blocks.i.upsampler`)."""
     match = VAE22_BLOCK.fullmatch(name)
@@ -136,7 +144,7 @@ def _vae22_block_key(name):
     return name  # unknown: reported as unexpected by the strict load
 
 
-def umt5_to_transformers(state):
+def umt5_to_transformers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for name, tensor in state.items():
         for pattern, targets in UMT5_KEYS:
@@ -149,7 +157,7 @@ def umt5_to_transformers(state):
 
 
 # ---- strict loading ----------------------------------------------------------------------------
-def load_strict(build, state, key, path, described_by):
+def load_strict(build: Callable[[], M], state: Mapping[str, torch.Tensor], key: str, path: str, described_by: str) -> M:
     """`build()` on the meta device, then every tensor of `state` assigned by name; any missing,
     unexpected or differently shaped tensor is an error naming the key, both shapes and the file."""
     from accelerate import init_empty_weights
@@ -171,7 +179,8 @@ def load_strict(build, state, key, path, described_by):
 
 
 # ---- the three parts ---------------------------------------------------------------------------
-def diffusers_transformer_config(native, size_wan, key, folder):
+def diffusers_transformer_config(native: Mapping[str, Any], size_wan: Mapping[str, Any], key: str,
+                                 folder: str) -> dict[str, Any]:
     """WanTransformer3DModel kwargs: what Wan's config.json states, the rest (patch size, text width,
     q/k norm, rope table length: fixed in Wan's code, not saved) from the size table."""
     heads = native["num_heads"]
@@ -186,7 +195,8 @@ def diffusers_transformer_config(native, size_wan, key, folder):
     return config
 
 
-def load_native_transformer(folder, native, size, key):
+def load_native_transformer(folder: str, native: Mapping[str, Any], size: ModelSize, key: str
+                            ) -> "WanTransformer3DModel":
     from diffusers import WanTransformer3DModel
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
@@ -199,7 +209,7 @@ def load_native_transformer(folder, native, size, key):
     return model
 
 
-def load_native_vae(path, size, key, dtype):
+def load_native_vae(path: str, size: ModelSize, key: str, dtype: torch.dtype) -> "AutoencoderKLWan":
     from diffusers import AutoencoderKLWan
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
 
@@ -210,7 +220,7 @@ def load_native_vae(path, size, key, dtype):
     return model
 
 
-def native_tokenizer_folder(path, key):
+def native_tokenizer_folder(path: str, key: str) -> str:
     folder = os.path.join(os.path.dirname(os.path.abspath(path)), TOKENIZER_SUBFOLDER)
     if not os.path.isdir(folder):
         raise ModelLoadError(f"{key}: '{path}' is Wan's native umT5 file; its tokenizer is expected in "
@@ -218,7 +228,7 @@ def native_tokenizer_folder(path, key):
     return folder
 
 
-def load_native_umt5(path, size, key, dtype):
+def load_native_umt5(path: str, size: ModelSize, key: str, dtype: torch.dtype) -> "UMT5EncoderModel":
     from transformers import UMT5Config, UMT5EncoderModel
 
     state = umt5_to_transformers(_read_pth(path, key, dtype))
