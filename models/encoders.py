@@ -15,11 +15,18 @@ MissingFrozenPart saying why it was not loaded.
 import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Self
 
 import numpy as np
 import torch
 
 from utils.batch import BatchError, DataBatch, ModelBatch
+
+if TYPE_CHECKING:  # built in models/build.py, which imports them where used
+    from diffusers import AutoencoderKLWan
+    from transformers import (BaseImageProcessor, PreTrainedTokenizerBase, Qwen3VLForConditionalGeneration,
+                              UMT5EncoderModel)
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +36,7 @@ CPU = torch.device("cpu")
 FROZEN_OUTPUTS = {"vae": "video_latents", "text_encoder": "text_embeds", "vlm": "vlm_features"}
 PART_NAMES = {"vae": "the VAE", "text_encoder": "the umT5 text encoder", "vlm": "Qwen3-VL"}
 OPTIONAL_PARTS = ("text_encoder", "vlm")  # the VAE is always built (models/build.py)
+TextEntry = tuple[torch.Tensor, torch.Tensor]  # a cached instruction: (its prompt's embedding rows, its mask)
 
 
 class MissingFrozenPart(RuntimeError):
@@ -40,31 +48,35 @@ class FrozenEncoders:
     text_encoder and vlm (with their tokenizers / processor) may be None: `skipped` maps each missing
     part's name to why it was not built."""
 
-    def __init__(self, vae, text_encoder, tokenizer, text_len, vlm, vlm_tokenizer, image_processor, dtype,
-                 skipped=None, text_cache_mb=TEXT_CACHE_MB):
+    def __init__(self, vae: "AutoencoderKLWan", text_encoder: "UMT5EncoderModel | None",
+                 tokenizer: "PreTrainedTokenizerBase | None", text_len: int,
+                 vlm: "Qwen3VLForConditionalGeneration | None", vlm_tokenizer: "PreTrainedTokenizerBase | None",
+                 image_processor: "BaseImageProcessor | None", dtype: torch.dtype,
+                 skipped: Mapping[str, str] | None = None, text_cache_mb: float = TEXT_CACHE_MB) -> None:
         self.vae, self.text_encoder, self.vlm = vae, text_encoder, vlm
         self.tokenizer, self.vlm_tokenizer, self.image_processor = tokenizer, vlm_tokenizer, image_processor
         self.text_len, self.dtype = text_len, dtype
         self.skipped = dict(skipped or {})
         self.device = CPU
-        self._text_cache, self._text_cache_used = OrderedDict(), 0  # instruction -> (embedding rows, mask)
+        self._text_cache: OrderedDict[str, TextEntry] = OrderedDict()  # instruction -> (embedding rows, mask)
+        self._text_cache_used = 0
         self.text_cache_bytes = int(text_cache_mb * 2 ** 20)
         self.vlm_len_multiple = 1  # understanding tokens padded to a multiple of this (train/speed.py, CUDA graphs)
-        self._stats_on = {}  # device -> the latent statistics there
+        self._stats_on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # device -> (mean, std) there
         for module in self.modules():
             module.requires_grad_(False).eval()
         vcfg = vae.config
         self._latents_mean = torch.tensor(vcfg.latents_mean).view(1, -1, 1, 1, 1)
         self._latents_std = torch.tensor(vcfg.latents_std).view(1, -1, 1, 1, 1)
 
-    def parts(self):
+    def parts(self) -> dict[str, torch.nn.Module]:
         """{name: module} of the parts that were built."""
         return {n: getattr(self, n) for n in FROZEN_OUTPUTS if getattr(self, n) is not None}
 
-    def modules(self):
+    def modules(self) -> list[torch.nn.Module]:
         return list(self.parts().values())
 
-    def _require(self, name):
+    def _require(self, name: str) -> torch.nn.Module:
         module = getattr(self, name)
         if module is None:
             key, what = FROZEN_OUTPUTS[name], PART_NAMES[name]
@@ -76,7 +88,7 @@ class FrozenEncoders:
                 "(build_world_model(cfg, frozen_parts=ALL_FROZEN_PARTS))")
         return module
 
-    def compile_video_encoder(self):
+    def compile_video_encoder(self) -> Self:
         """torch.compile of the VAE's encoder in place (`system.speed.compile`): the Wan VAE runs it
         once per chunk of frames, and most of its eager time goes to the channel-wise RMS norms of
         its residual blocks, which inductor fuses (2x on the tiny recipe's CPU step). The encoder
@@ -84,7 +96,7 @@ class FrozenEncoders:
         self.vae.encoder.compile()
         return self
 
-    def to(self, device):
+    def to(self, device: torch.device | str) -> Self:
         """Run on `device` from now on. Parts move there when first needed (see the module docstring);
         on the CPU that is at once, which changes nothing."""
         # with its index ("cuda" -> cuda:0): the parts' devices carry one, and they are compared with it
@@ -98,20 +110,20 @@ class FrozenEncoders:
         self._stats_on.clear()
         return self
 
-    def resident(self):
+    def resident(self) -> list[str]:
         """Names of the parts held on the (non-CPU) device."""
         return [n for n, m in self.parts().items() if self.device.type != "cpu" and self._home(m) == self.device]
 
     @staticmethod
-    def _home(module):
+    def _home(module: torch.nn.Module) -> torch.device:
         return next(module.parameters()).device
 
-    def _place(self, module, device):
+    def _place(self, module: torch.nn.Module, device: torch.device) -> None:
         module.to(device)
         if next(module.parameters()).dtype != self.dtype:  # skip no-op casts (diffusers warns on them)
             module.to(self.dtype)
 
-    def _need(self, module):
+    def _need(self, module: torch.nn.Module) -> torch.nn.Module:
         """A part the training inputs need on every step: move it to the device once, keep it there."""
         if self._home(module) != self.device:
             log.info("moving the frozen %s to %s (the data does not provide its outputs)",
@@ -120,7 +132,7 @@ class FrozenEncoders:
         return module
 
     @contextlib.contextmanager
-    def _borrow(self, module):
+    def _borrow(self, module: torch.nn.Module) -> Iterator[torch.nn.Module]:
         """A part needed now and then (picture decoding): on the device for the call only."""
         home = self._home(module)
         if home != self.device:
@@ -132,7 +144,7 @@ class FrozenEncoders:
                 module.to(home)
 
     # ---- video -------------------------------------------------------------------------------
-    def _latent_stats(self, device):
+    def _latent_stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The VAE's latent mean and std on `device`, copied there once (a copy per step would be a
         pageable upload, and a stream synchronisation, inside every step)."""
         if device not in self._stats_on:
@@ -140,7 +152,7 @@ class FrozenEncoders:
         return self._stats_on[device]
 
     @torch.no_grad()
-    def encode_video(self, video):
+    def encode_video(self, video: torch.Tensor) -> torch.Tensor:
         """video [B, 1 + F, 3, H, W] in [-1, 1] -> normalised latents [B, z, T, h, w] (posterior mean)."""
         x = video.to(self.device, self.dtype).permute(0, 2, 1, 3, 4)
         mu = self._need(self.vae).encode(x).latent_dist.mean.float()
@@ -148,7 +160,7 @@ class FrozenEncoders:
         return (mu - mean) / std
 
     @torch.no_grad()
-    def decode_video(self, latents):
+    def decode_video(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents [B, z, T, h, w] -> pixels [B, frames, 3, H, W] in [-1, 1] (borrows the VAE
         onto the device when it is not resident)."""
         mean, std = self._latent_stats(self.device)
@@ -159,12 +171,13 @@ class FrozenEncoders:
 
     # ---- text (umT5), cached per instruction -------------------------------------------------
     @torch.no_grad()
-    def encode_text(self, instructions):
+    def encode_text(self, instructions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """-> text_embeds [B, text_len, text_dim] (zero past the prompt), text_mask bool [B, text_len]."""
         entries = {t: self._text_cache[t] for t in dict.fromkeys(instructions) if t in self._text_cache}
         missing = [t for t in dict.fromkeys(instructions) if t not in entries]
         if missing:
             text_encoder = self._require("text_encoder")
+            assert self.tokenizer is not None  # built with the text encoder (models/build.py)
             tok = self.tokenizer(missing, padding="max_length", max_length=self.text_len, truncation=True,
                                  return_tensors="np")
             lengths = tok["attention_mask"].sum(1).tolist()  # host numbers: no device read
@@ -183,10 +196,10 @@ class FrozenEncoders:
         return embeds, torch.stack([entries[t][1] for t in instructions])
 
     @staticmethod
-    def _entry_bytes(entry):
+    def _entry_bytes(entry: TextEntry) -> int:
         return sum(t.numel() * t.element_size() for t in entry)
 
-    def _remember_text(self, text, entry):
+    def _remember_text(self, text: str, entry: TextEntry) -> None:
         """Cache an instruction's embedding, evicting the least recently used beyond text_cache_bytes."""
         size = self._entry_bytes(entry)
         if size > self.text_cache_bytes:
@@ -198,22 +211,23 @@ class FrozenEncoders:
             self._text_cache_used -= self._entry_bytes(old)
 
     @property
-    def text_cache_used(self):
+    def text_cache_used(self) -> int:
         """Bytes the cached text embeddings hold (on the device the text encoder runs on)."""
         return self._text_cache_used
 
     # ---- VLM (Qwen3-VL) on the first frame + instruction ----------------------------------------
-    def _vlm_prompt(self, num_image_tokens, instruction):
+    def _vlm_prompt(self, num_image_tokens: int, instruction: str) -> str:
         # Qwen3-VL's chat template for one user turn holding an image and a text
         return ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * num_image_tokens
                 + "<|vision_end|>" + instruction + "<|im_end|>\n")
 
     @torch.no_grad()
-    def encode_vlm(self, frames, instructions):
+    def encode_vlm(self, frames: torch.Tensor, instructions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """frames [B, 3, H, W] in [-1, 1] -> last hidden states [B, L, vlm_dim] and mask bool [B, L], or None
         for the mask when no prompt is padded (the joint attention then runs unmasked, on its fastest
         kernel). L is padded up to a multiple of `vlm_len_multiple` (CUDA graphs: one graph per bucket)."""
         vlm = self._require("vlm")
+        assert self.image_processor is not None and self.vlm_tokenizer is not None  # built with the VLM
         # The HF image processor works on host arrays: one download of the batch's first frames.
         images = list(((frames.float() + 1) / 2).clamp(0, 1).cpu())
         pix = self.image_processor(images=images, do_rescale=False, return_tensors="np")
