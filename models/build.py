@@ -11,9 +11,11 @@ decode latents with it. Commands that encode raw data (building the cache, infer
 `ALL_FROZEN_PARTS`.
 """
 import logging
+from collections.abc import Collection, Container, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from models import tiny_assets
 from models.encoders import FROZEN_OUTPUTS, PART_NAMES, FrozenEncoders
@@ -21,8 +23,13 @@ from models.loading import (load_part, load_text_encoder, load_tokenizer_or_proc
                             load_wan_vae, read_part_config, text_encoder_config, wan_transformer_config,
                             wan_vae_config)
 from models.serialization import ModelLoadError
-from models.sizes import get_size
+from models.sizes import ModelSize, get_size
 from models.world_model import WorldModel
+
+if TYPE_CHECKING:  # imported where used: reading a recipe does not load them
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import (BaseImageProcessor, PreTrainedTokenizerBase, Qwen3VLForConditionalGeneration,
+                              UMT5EncoderModel)
 
 log = logging.getLogger(__name__)
 
@@ -31,23 +38,23 @@ OUTPUT_NAMES = {"video_latents": "video latents", "text_embeds": "text embedding
 CACHED_INPUTS = frozenset(FROZEN_OUTPUTS.values())
 
 
-def provided_inputs(cfg):
+def provided_inputs(cfg: DictConfig) -> set[str]:
     """Inputs the data gives ready-made: a latent cache holds video latents, text embeddings and VLM
     features (data/cache.py); raw data provides none."""
     return set(CACHED_INPUTS) if cfg.dataset.cache_dir else set()
 
 
-def frozen_parts_needed(provided):
+def frozen_parts_needed(provided: Container[str]) -> tuple[str, ...]:
     """The frozen parts a training run calls when the data provides the inputs `provided`: those whose
     outputs it lacks, and the VAE always (it decodes validation pictures)."""
     return tuple(k for k, out in FROZEN_OUTPUTS.items() if k == "vae" or out not in provided)
 
 
-def frozen_parts_for_training(cfg):
+def frozen_parts_for_training(cfg: DictConfig) -> tuple[str, ...]:
     return frozen_parts_needed(provided_inputs(cfg))
 
 
-def skipped_parts(cfg, frozen_parts):
+def skipped_parts(cfg: DictConfig, frozen_parts: Container[str]) -> dict[str, str]:
     """{part: why it is not built} for the frozen parts outside `frozen_parts`."""
     provided = provided_inputs(cfg)
     return {part: (f"dataset.cache_dir provides {OUTPUT_NAMES[out]}" if out in provided
@@ -55,17 +62,17 @@ def skipped_parts(cfg, frozen_parts):
             for part, out in FROZEN_OUTPUTS.items() if part not in frozen_parts}
 
 
-def _check_frozen_parts(frozen_parts):
+def _check_frozen_parts(frozen_parts: Collection[str]) -> None:
     if set(frozen_parts) - set(FROZEN_OUTPUTS) or "vae" not in frozen_parts:
         raise ValueError(f"frozen_parts is {tuple(frozen_parts)}; expected a subset of {ALL_FROZEN_PARTS} that "
                          "holds 'vae' (the model's latent geometry and picture decoding need it)")
 
 
-def _and(words):
+def _and(words: Iterable[str]) -> str:
     return " and ".join(words)
 
 
-def _log_skipped(cfg, skipped):
+def _log_skipped(cfg: DictConfig, skipped: Mapping[str, str]) -> None:
     """One line: what was not loaded and why (with a cache: which of its inputs replace them)."""
     if not skipped:
         return
@@ -78,14 +85,14 @@ def _log_skipped(cfg, skipped):
         log.info("not loaded: %s", "; ".join(f"{PART_NAMES[p]} ({why})" for p, why in skipped.items()))
 
 
-def vae_compression(vae_config):
+def vae_compression(vae_config: Mapping[str, Any]) -> tuple[int, int]:
     """(temporal, spatial) compression of an AutoencoderKLWan config: frames per latent frame after
     the first, and pixels per latent cell (2x per downsampling stage, times the patchify)."""
     spatial = 2 ** (len(vae_config["dim_mult"]) - 1) * (vae_config["patch_size"] or 1)
     return 2 ** sum(bool(t) for t in vae_config["temperal_downsample"]), spatial
 
 
-def check_geometry(cfg, vae_config, wan_config):
+def check_geometry(cfg: DictConfig, vae_config: Mapping[str, Any], wan_config: Mapping[str, Any]) -> None:
     """Frames and pixels must fit the VAE's compression and Wan's patches."""
     c, (temporal, spatial) = cfg.common, vae_compression(vae_config)
     if c.num_video_frames % temporal:
@@ -97,7 +104,8 @@ def check_geometry(cfg, vae_config, wan_config):
                          f"multiples of {step} (VAE x{spatial}, Wan patch {wan_config['patch_size'][-1]})")
 
 
-def model_spec(cfg, size, wan_config, vae_config):
+def model_spec(cfg: DictConfig, size: ModelSize, wan_config: Mapping[str, Any],
+               vae_config: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON-able architecture description WorldModel is built from (and saved as config.json).
     The one place it is assembled: `build_world_model`, `spec_from_config` and `size_table_model`
     all come here."""
@@ -116,7 +124,7 @@ def model_spec(cfg, size, wan_config, vae_config):
     }
 
 
-def spec_from_config(cfg):
+def spec_from_config(cfg: DictConfig) -> dict[str, Any]:
     """The spec `build_world_model` builds for `cfg`, from the parts' config files alone (no weight
     is read): what an export or a converter needs to rebuild the architecture."""
     size = get_size(cfg.model.size)
@@ -124,7 +132,7 @@ def spec_from_config(cfg):
     return model_spec(cfg, size, wan_config, vae_config)
 
 
-def size_table_model(cfg, num_layers=None):
+def size_table_model(cfg: DictConfig, num_layers: int | None = None) -> WorldModel:
     """The WorldModel of `cfg` from the size table (optionally another depth), with random init:
     build it under `torch.device("meta")` or a FakeTensorMode to count or trace without memory."""
     size = get_size(cfg.model.size)
@@ -132,11 +140,11 @@ def size_table_model(cfg, num_layers=None):
     return WorldModel(model_spec(cfg, size, wan, size.vae)).apply_precision()
 
 
-def _random(what, key, warn=True):
+def _random(what: str, key: str, warn: bool = True) -> None:
     (log.warning if warn else log.info)("%s is null: %s built with RANDOM init from the size table", key, what)
 
 
-def build_video_expert(cfg, size):
+def build_video_expert(cfg: DictConfig, size: ModelSize) -> tuple["WanTransformer3DModel | None", dict[str, Any]]:
     path = cfg.model.wan.checkpoint_path
     if path is None:
         _random("the Wan video transformer", "model.wan.checkpoint_path", warn=cfg.model.size != "tiny")
@@ -145,7 +153,7 @@ def build_video_expert(cfg, size):
     return video, dict(video.config)
 
 
-def build_encoders(cfg, size, frozen_parts=None):
+def build_encoders(cfg: DictConfig, size: ModelSize, frozen_parts: Iterable[str] | None = None) -> FrozenEncoders:
     """FrozenEncoders on the CPU holding `frozen_parts` (None: `frozen_parts_for_training(cfg)`); the
     others are None, and their encode calls say why."""
     frozen_parts = frozen_parts_for_training(cfg) if frozen_parts is None else tuple(frozen_parts)
@@ -164,14 +172,15 @@ def build_encoders(cfg, size, frozen_parts=None):
                           skipped=skipped, text_cache_mb=cfg.model.wan.text_cache_mb).to("cpu")
 
 
-def _build_vae(cfg, size, dtype):
+def _build_vae(cfg: DictConfig, size: ModelSize, dtype: torch.dtype) -> "AutoencoderKLWan":
     if cfg.model.wan.vae_path is None:
         _random("the VAE", "model.wan.vae_path")
         return tiny_assets.build_vae(size)
     return load_wan_vae(cfg.model.wan.vae_path, size, "model.wan.vae_path", dtype)
 
 
-def _build_text(cfg, size, dtype):
+def _build_text(cfg: DictConfig, size: ModelSize, dtype: torch.dtype
+                ) -> tuple["UMT5EncoderModel", "PreTrainedTokenizerBase"]:
     """(umT5 encoder, its tokenizer)."""
     path = cfg.model.wan.text_encoder_path
     if path is None:
@@ -180,7 +189,8 @@ def _build_text(cfg, size, dtype):
     return load_text_encoder(path, size, "model.wan.text_encoder_path", dtype)
 
 
-def _build_vlm(cfg, size, dtype):
+def _build_vlm(cfg: DictConfig, size: ModelSize, dtype: torch.dtype
+               ) -> tuple["Qwen3VLForConditionalGeneration", "PreTrainedTokenizerBase", "BaseImageProcessor"]:
     """(Qwen3-VL, its tokenizer, its image processor)."""
     from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
 
@@ -195,7 +205,7 @@ def _build_vlm(cfg, size, dtype):
     return vlm, tokenizer, processor
 
 
-def part_configs(cfg, size):
+def part_configs(cfg: DictConfig, size: ModelSize) -> tuple[dict[str, Any], dict[str, Any], int, int]:
     """(Wan's kwargs, the VAE's kwargs, the text encoder's width, the VLM's width) that the config's
     paths hold, from their config files alone (the size table's for a null path): no weight is read."""
     from transformers import Qwen3VLForConditionalGeneration
@@ -211,7 +221,7 @@ def part_configs(cfg, size):
     return wan_config, vae_config, text_dim, vlm_dim
 
 
-def _check_fit(cfg, wan_config, z_dim, text_dim, vlm_dim):
+def _check_fit(cfg: DictConfig, wan_config: Mapping[str, Any], z_dim: int, text_dim: int, vlm_dim: int) -> None:
     """The parts must agree on widths: say which key or folder disagrees."""
     checks = [("in_channels", wan_config["in_channels"], "the VAE's z_dim", z_dim),
               ("text_dim", wan_config["text_dim"], "the text encoder's d_model", text_dim)]
@@ -224,7 +234,7 @@ def _check_fit(cfg, wan_config, z_dim, text_dim, vlm_dim):
                              f"VLM's hidden size is {vlm_dim}; set it to {vlm_dim}")
 
 
-def build_world_model(cfg, frozen_parts=None):
+def build_world_model(cfg: DictConfig, frozen_parts: Iterable[str] | None = None) -> tuple[WorldModel, FrozenEncoders]:
     """-> (WorldModel on CPU, every parameter trainable; FrozenEncoders on CPU). `frozen_parts`: the
     names (of ALL_FROZEN_PARTS) to build; None builds what training with `cfg` calls
     (`frozen_parts_for_training`); a command that encodes raw data passes ALL_FROZEN_PARTS. The config

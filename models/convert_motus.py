@@ -20,10 +20,16 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
 import torch
+
+from models.config import ModelConfig
+
+if TYPE_CHECKING:  # imported by main(): diffusers is slow to import
+    from models.world_model import WorldModel
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +73,7 @@ class ConversionReport:
     """Model tensors the checkpoint does not provide: they start from their fresh init."""
     notes: List[str] = field(default_factory=list)
 
-    def summary(self):
+    def summary(self) -> str:
         lines = [f"Motus checkpoint {self.source} ({'fine-tune' if self.finetune_mode else 'pretrain'} mode): "
                  f"{self.converted} tensors converted"]
         lines += [f"  dropped {n}: {why}" for why, n in self.dropped.items()]
@@ -77,7 +83,7 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def motus_states_file(path):
+def motus_states_file(path: str) -> str | None:
     """The `mp_rank_00_model_states.pt` of a Motus checkpoint at `path` (folder or file), else None.
     Our own checkpoints keep theirs under engine/ and are not matched."""
     if os.path.isfile(path) and os.path.basename(path) == MOTUS_STATES:
@@ -88,7 +94,7 @@ def motus_states_file(path):
     return None
 
 
-def read_motus_state(path, key="SRC"):
+def read_motus_state(path: str, key: str = "SRC") -> dict[str, torch.Tensor]:
     file = motus_states_file(path)
     if file is None:
         raise MotusConvertError(f"{key} '{path}' is not a Motus checkpoint: expected a folder with "
@@ -104,26 +110,27 @@ def read_motus_state(path, key="SRC"):
     return saved["module"]
 
 
-def _expert_name(rest):
+def _expert_name(rest: str) -> str | None:
     for pattern, replacement in EXPERT_RENAMES:
         if re.match(pattern, rest):
             return re.sub(pattern, replacement, rest, count=1)
     return None
 
 
-def _split_qkv(tensor):
+def _split_qkv(tensor: torch.Tensor) -> list[torch.Tensor]:
     """[3, heads, dim, head_dim] (Motus's einsum layout) -> three nn.Linear weights [heads * head_dim, dim]."""
     return [t.permute(0, 2, 1).reshape(-1, t.shape[1]) for t in tensor.unbind(0)]
 
 
-def convert_state_dict(motus):
+def convert_state_dict(motus: Mapping[str, torch.Tensor]
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, int]]:
     """Motus names -> ours. Returns ({ours: tensor}, {ours: motus name}, {reason: count})."""
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
-    ours: dict = {}
-    origin: dict = {}
-    dropped: dict = {}
-    wan: dict = {}
+    ours: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}
+    dropped: dict[str, int] = {}
+    wan: dict[str, torch.Tensor] = {}
     for name, tensor in motus.items():
         if name.startswith(WAN_PREFIX):
             wan[name[len(WAN_PREFIX):]] = tensor
@@ -152,7 +159,9 @@ def convert_state_dict(motus):
     return ours, origin, dropped
 
 
-def fit_to_model(motus, model_state, finetune_mode, source, allow_shape_mismatch=()):
+def fit_to_model(motus: Mapping[str, torch.Tensor], model_state: Mapping[str, torch.Tensor], finetune_mode: bool,
+                 source: str, allow_shape_mismatch: Iterable[str] = ()
+                 ) -> tuple[dict[str, torch.Tensor], ConversionReport]:
     """The converted tensors that `model_state` ({name: tensor}, shapes only) takes, and the report.
     Raises MotusConvertError naming the key and both shapes when a dim differs."""
     ckpt_finetune = any(k.startswith("action_expert.input_encoder.state_encoder.") for k in motus)
@@ -195,10 +204,11 @@ def fit_to_model(motus, model_state, finetune_mode, source, allow_shape_mismatch
     return state, report
 
 
-def settings_differences(path, settings):
+def settings_differences(path: str, settings: ModelConfig) -> list[str]:
     """What the `config.json` Motus's trainer writes beside a checkpoint says differently from `settings`
     (our `model` section) about what no tensor shape shows: the experts' norm epsilons."""
     file = motus_states_file(path)
+    assert file is not None, f"'{path}' is not a Motus checkpoint"  # callers read its state first
     folder = os.path.dirname(file)
     candidates = [os.path.join(d, "config.json") for d in (folder, os.path.dirname(folder))]
     found = next((c for c in candidates if os.path.isfile(c)), None)
@@ -219,7 +229,8 @@ def settings_differences(path, settings):
     return notes
 
 
-def convert_for_model(path, model, allow_shape_mismatch=(), key="SRC"):
+def convert_for_model(path: str, model: "WorldModel", allow_shape_mismatch: Iterable[str] = (),
+                      key: str = "SRC") -> tuple[dict[str, torch.Tensor], ConversionReport]:
     """Read the Motus checkpoint at `path` and convert it for `model` (a WorldModel; may be on meta)."""
     state, report = fit_to_model(read_motus_state(path, key), model.state_dict(),
                                  model.settings.mode == "finetune", path, allow_shape_mismatch)
@@ -227,7 +238,7 @@ def convert_for_model(path, model, allow_shape_mismatch=(), key="SRC"):
     return state, report
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     from accelerate import init_empty_weights
 
     from checkpoint.export import ExportError, _check_out_dir, model_spec_from_config, parse_size

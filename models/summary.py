@@ -23,16 +23,20 @@ per node to size the node's RAM.
 import argparse
 import json
 import logging
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from models import activations
 from models.build import (CACHED_INPUTS, FROZEN_OUTPUTS, frozen_parts_for_training, frozen_parts_needed,
                           provided_inputs, size_table_model)
 from models.serialization import count_parameters
-from models.sizes import get_size
+from models.sizes import ModelSize, get_size
+from models.world_model import WorldModel
 
 GIB = 1024 ** 3
 # bytes per trainable parameter: (weights, gradients, optimizer state). Mixed bf16 keeps bf16
@@ -53,7 +57,7 @@ RESERVED_GIB, FRAGMENTATION = 2.0, 0.9
 WORKING_LAYERS = {False: 1, True: 2}
 
 
-def count_components(cfg):
+def count_components(cfg: DictConfig) -> tuple[dict[str, int], WorldModel, ModelSize]:
     """Parameter counts of every part, and the WorldModel and size entry, built on fake tensors."""
     from diffusers import AutoencoderKLWan
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, UMT5Config, UMT5EncoderModel
@@ -71,7 +75,7 @@ def count_components(cfg):
     return counts, model, size
 
 
-def muon_parameters(cfg, model):
+def muon_parameters(cfg: DictConfig, model: WorldModel) -> int:
     """Parameters that MuonAdamW trains with Muon (0 with AdamW)."""
     if cfg.training.optimizer != "muon_adamw":
         return 0
@@ -82,21 +86,21 @@ def muon_parameters(cfg, model):
     return sum(p.numel() for _, p in muon)
 
 
-def frozen_parts_on_gpu(cfg):
+def frozen_parts_on_gpu(cfg: DictConfig) -> list[str]:
     """The frozen parts a training step needs on the GPU: those whose outputs the data does not provide."""
     provided = provided_inputs(cfg)
     return [k for k, produced in FROZEN_OUTPUTS.items() if produced not in provided]
 
 
-def frozen_bytes(precision):
+def frozen_bytes(precision: str) -> int:
     """Bytes per frozen parameter: the parts are loaded in their compute dtype (models/build.py)."""
     return 4 if precision == "fp32" else 2
 
 
-def host_ram(cfg, counts):
+def host_ram(cfg: DictConfig, counts: Mapping[str, int]) -> dict[str, list[str] | float]:
     """GiB of host memory per process that the frozen parts take: this run's, and without / with a
     latent cache (models/build.py builds only what the run calls)."""
-    def gib_of(parts):
+    def gib_of(parts: Iterable[str]) -> float:
         return gib(sum(counts[k] for k in parts) * frozen_bytes(cfg.model.precision))
 
     built = frozen_parts_for_training(cfg)
@@ -105,13 +109,14 @@ def host_ram(cfg, counts):
             "with_cache": gib_of(frozen_parts_needed(CACHED_INPUTS))}
 
 
-def text_cache_bytes(cfg, frozen_on_gpu):
+def text_cache_bytes(cfg: DictConfig, frozen_on_gpu: Container[str]) -> int:
     """The umT5 embedding cache's bound (model.wan.text_cache_mb) where the text encoder runs on the GPU:
     raw data fills it with one entry per instruction seen (models/encoders.py)."""
     return int(cfg.model.wan.text_cache_mb * 2 ** 20) if "text_encoder" in frozen_on_gpu else 0
 
 
-def static_memory(counts, trainable, muon, frozen_on_gpu, precision, gpus, ema=False, text_cache=0):
+def static_memory(counts: Mapping[str, int], trainable: int, muon: int, frozen_on_gpu: Iterable[str], precision: str,
+                  gpus: int, ema: bool = False, text_cache: int = 0) -> dict[str, dict[str, float]]:
     """Bytes per GPU, independent of the batch, for ZeRO stages 0, 1, 2 (with the EMA when `ema`;
     `text_cache`: the text-embedding cache's bytes, `text_cache_bytes`)."""
     w, g, o = BYTES[precision]
@@ -127,7 +132,7 @@ def static_memory(counts, trainable, muon, frozen_on_gpu, precision, gpus, ema=F
     return out
 
 
-def activation_memory(cfg, size):
+def activation_memory(cfg: DictConfig, size: ModelSize) -> dict[bool, dict[str, int]]:
     """Per-sample activation bytes, {checkpointing: {kept, working_set}} (models/activations.py)."""
     return {c: {"kept": a.kept, "working_set": WORKING_LAYERS[c] * a.per_layer}
             for c, a in activations.per_sample(cfg, size).items()}
@@ -137,7 +142,7 @@ def activation_memory(cfg, size):
 STEP_GROUP_BYTES = {"adamw": 2 + 4, "muon": 4 + 4 + 2}
 
 
-def step_transient(trainable, precision, gpus, stage, muon=0):
+def step_transient(trainable: int, precision: str, gpus: int, stage: int, muon: int = 0) -> float:
     """Bytes per GPU alive at the optimizer step only, when the activations are already freed.
     DeepSpeed's bf16 ZeRO step runs one param group at a time: the group's bf16 gradient partition is
     flattened (a 2-byte copy) into fp32 (4 bytes) for the update; MuonAdamW's Muon group (`muon`
@@ -149,17 +154,18 @@ def step_transient(trainable, precision, gpus, stage, muon=0):
         gpus if stage >= 1 else 1)
 
 
-def peak(static_bytes, per_sample, batch, transient):
+def peak(static_bytes: float, per_sample: float, batch: int, transient: float) -> float:
     return static_bytes + BUCKET_BYTES + max(batch * per_sample, transient)
 
 
-def largest_batch(static_bytes, per_sample, transient, budget):
+def largest_batch(static_bytes: float, per_sample: float, transient: float, budget: float) -> int:
     if peak(static_bytes, per_sample, 0, transient) > budget:
         return 0
     return int((budget - static_bytes - BUCKET_BYTES) // per_sample)
 
 
-def budget(cfg, counts, model, size, gpus, gpu_memory):
+def budget(cfg: DictConfig, counts: Mapping[str, int], model: WorldModel, size: ModelSize, gpus: int,
+           gpu_memory: float) -> dict[str, Any]:
     """The whole per-GPU budget: static parts, activations per sample, peak at the config's batch and
     the largest batch that fits, for every ZeRO stage and both checkpointing settings."""
     trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
@@ -187,11 +193,11 @@ def budget(cfg, counts, model, size, gpus, gpu_memory):
     return out
 
 
-def gib(n):
+def gib(n: float) -> float:
     return round(n / GIB, 2)
 
 
-def zero2_prediction(cfg, gpus=1):
+def zero2_prediction(cfg: DictConfig, gpus: int = 1) -> tuple[float, dict[bool, int], float, dict[str, int]]:
     """The ZeRO-2 memory model's parts per GPU, unrounded: (static bytes, bytes per sample
     {checkpointing: kept + working set}, the optimizer step's transient bytes, parameter counts)."""
     counts, model, size = count_components(cfg)
@@ -204,14 +210,14 @@ def zero2_prediction(cfg, gpus=1):
     return static, per_sample, step_transient(trainable, cfg.model.precision, gpus, 2, muon), counts
 
 
-def predict_peak(cfg, batch, checkpointing, gpus=1):
+def predict_peak(cfg: DictConfig, batch: int, checkpointing: bool, gpus: int = 1) -> float:
     """Predicted torch.cuda.max_memory_allocated of one training step (ZeRO-2), in GiB: what the GPU
     check prints beside each measured figure."""
     static, per_sample, transient, _ = zero2_prediction(cfg, gpus)
     return gib(peak(static, per_sample[checkpointing], batch, transient))
 
 
-def summarize(cfg, gpus, gpu_memory=80.0):
+def summarize(cfg: DictConfig, gpus: int, gpu_memory: float = 80.0) -> dict[str, Any]:
     counts, model, size = count_components(cfg)
     trainable = counts["video"] + counts["action_expert"] + counts["und_expert"]
     return {
@@ -230,7 +236,7 @@ def summarize(cfg, gpus, gpu_memory=80.0):
     }
 
 
-def calibration(cfg, num_layers=None):
+def calibration(cfg: DictConfig, num_layers: int | None = None) -> dict[str, dict[str, float]]:
     """Traced (fake tensors, extrapolated from 2 and 3 layers) vs measured (one real CPU forward at
     batch 1, random init) activation bytes, for both checkpointing settings."""
     size = get_size(cfg.model.size)
@@ -245,7 +251,7 @@ def calibration(cfg, num_layers=None):
         "ratio": round(traced[c].kept / measured[c].kept, 4), "num_layers": depth} for c in (False, True)}
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("--gpus", type=int, default=1)

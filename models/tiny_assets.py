@@ -17,11 +17,21 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from omegaconf import DictConfig
 
 from models.serialization import ModelLoadError
-from models.sizes import TINY, TINY_VOCAB
+from models.sizes import TINY, TINY_VOCAB, ModelSize
+
+if TYPE_CHECKING:  # imported where used: reading a recipe does not load them
+    import numpy as np
+    from diffusers import AutoencoderKLWan
+    from transformers import (PreTrainedTokenizerBase, PreTrainedTokenizerFast, Qwen3VLForConditionalGeneration,
+                              UMT5EncoderModel)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +53,16 @@ COLOUR_WEIGHT = 20.0
 FIT_CROP = (96, 128)
 
 
-def build_tokenizer(texts=()):
+class WindowSource(Protocol):
+    """A dataset that draws a training window and loads its sample (data/dataset.py's EpisodeDataset, data/cache.py's
+    cache): the window is whatever `draw` returns."""
+
+    def draw(self, rng: "np.random.Generator", /) -> Any: ...
+
+    def load(self, window: Any, /) -> dict[str, Any]: ...
+
+
+def build_tokenizer(texts: Iterable[str] = ()) -> "PreTrainedTokenizerFast":
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -57,14 +76,15 @@ def build_tokenizer(texts=()):
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
-def build_text_encoder(size=TINY, seed=0):
+def build_text_encoder(size: ModelSize = TINY, seed: int = 0) -> "UMT5EncoderModel":
     from transformers import UMT5Config, UMT5EncoderModel
 
     torch.manual_seed(seed)
     return UMT5EncoderModel(UMT5Config(**size.text_encoder)).eval()
 
 
-def build_vlm(tokenizer, size=TINY, seed=1):
+def build_vlm(tokenizer: "PreTrainedTokenizerBase", size: ModelSize = TINY,
+              seed: int = 1) -> "Qwen3VLForConditionalGeneration":
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (
@@ -76,7 +96,7 @@ def build_vlm(tokenizer, size=TINY, seed=1):
     return Qwen3VLForConditionalGeneration(config).eval()
 
 
-def build_image_processor(size=TINY):
+def build_image_processor(size: ModelSize = TINY) -> "Qwen2VLImageProcessorPil":
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     vis = size.vlm_vision
@@ -87,7 +107,8 @@ def build_image_processor(size=TINY):
                                     size={"shortest_edge": factor * factor, "longest_edge": 16 * factor * factor})
 
 
-def build_vae(size=TINY, seed=2, videos=None, frames=5, height=64, width=64):
+def build_vae(size: ModelSize = TINY, seed: int = 2, videos: torch.Tensor | None = None, frames: int = 5,
+              height: int = 64, width: int = 64) -> "AutoencoderKLWan":
     """An AutoencoderKLWan, fitted to `videos` ([N, T, 3, H, W] in [-1, 1]) when given, else random
     (smooth random videos stand in for them), whose latents_mean/std are measured on those videos so
     normalised latents are ~N(0, 1)."""
@@ -111,7 +132,7 @@ def build_vae(size=TINY, seed=2, videos=None, frames=5, height=64, width=64):
     return vae
 
 
-def fit_vae(vae, x, gen):
+def fit_vae(vae: "AutoencoderKLWan", x: torch.Tensor, gen: torch.Generator) -> "AutoencoderKLWan":
     """A short autoencoder fit of `vae` to videos x [N, 3, T, H, W]: Adam on the reconstruction of the
     posterior mean (what FrozenEncoders encodes), FRAME_STEPS on single frames then CLIP_STEPS on
     whole clips, on random FIT_CROP windows of larger frames. Each pixel's squared error is weighted
@@ -141,7 +162,7 @@ def fit_vae(vae, x, gen):
     return vae
 
 
-def random_crops(x, gen, size=FIT_CROP):
+def random_crops(x: torch.Tensor, gen: torch.Generator, size: tuple[int, int] = FIT_CROP) -> torch.Tensor:
     """A random FIT_CROP window of each video of x [N, 3, T, H, W] (x itself when it is no larger)."""
     h, w = min(size[0], x.shape[-2]), min(size[1], x.shape[-1])
     if (h, w) == tuple(x.shape[-2:]):
@@ -151,7 +172,7 @@ def random_crops(x, gen, size=FIT_CROP):
     return torch.stack([v[..., y:y + h, x0:x0 + w] for v, y, x0 in zip(x, ys, xs)])
 
 
-def training_videos(dataset, count=FIT_VIDEOS, seed=0):
+def training_videos(dataset: WindowSource, count: int = FIT_VIDEOS, seed: int = 0) -> torch.Tensor | None:
     """`count` training windows' videos [count, T, 3, H, W] from a dataset with draw(rng) and load(window)
     (data/dataset.py EpisodeDataset), or None when its samples carry no raw video (a latent cache)."""
     import numpy as np
@@ -163,11 +184,12 @@ def training_videos(dataset, count=FIT_VIDEOS, seed=0):
     return torch.stack([s["video"] for s in samples])
 
 
-def _stamp(fitted):
+def _stamp(fitted: bool) -> str:
     return json.dumps({"size": dataclasses.asdict(TINY), "vae": VAE_FIT if fitted else "random"}, sort_keys=True)
 
 
-def build_tiny_assets(directory, texts=(), videos=None):
+def build_tiny_assets(directory: str, texts: Iterable[str] = (),
+                      videos: Callable[[], torch.Tensor | None] | None = None) -> str:
     """Write the three folders under `directory` (atomically: a half-written folder never appears),
     plus a stamp of the tiny size table and VAE recipe they were built from. `videos`: a callable
     returning [N, T, 3, H, W] training videos in [-1, 1] to fit the VAE to; None keeps it random.
@@ -212,7 +234,7 @@ def build_tiny_assets(directory, texts=(), videos=None):
     return directory
 
 
-def _remove_parts(directory):
+def _remove_parts(directory: str) -> None:
     """Move an outdated build aside, then delete it: a reader never sees half a folder."""
     for part in PARTS:
         path = os.path.join(directory, part)
@@ -223,7 +245,7 @@ def _remove_parts(directory):
     os.remove(os.path.join(directory, STAMP))
 
 
-def tiny_assets_dir(cfg):
+def tiny_assets_dir(cfg: DictConfig) -> str | None:
     """The <dir> that model.wan.text_encoder_path, model.wan.vae_path and model.vlm.checkpoint_path
     share as <dir>/text_encoder, <dir>/vae and <dir>/vlm; None if they do not follow that layout."""
     paths = (cfg.model.wan.text_encoder_path, cfg.model.vlm.checkpoint_path, cfg.model.wan.vae_path)
@@ -234,7 +256,7 @@ def tiny_assets_dir(cfg):
     return parents.pop() if len(parents) == 1 and names == PARTS else None
 
 
-def ensure_tiny_assets(cfg, videos=None):
+def ensure_tiny_assets(cfg: DictConfig, videos: Callable[[], torch.Tensor | None] | None = None) -> str | None:
     """For model.size tiny, build the frozen parts where the config points if they are missing or
     outdated; `videos` (see build_tiny_assets) fits the VAE to the training data."""
     directory = tiny_assets_dir(cfg)
@@ -243,7 +265,7 @@ def ensure_tiny_assets(cfg, videos=None):
     return build_tiny_assets(directory, videos=videos)
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", help="where to write text_encoder/, vlm/ and vae/")
     parser.add_argument("--config", default=None,
