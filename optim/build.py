@@ -19,7 +19,7 @@ _ARGUMENT = {"momentum": "muon_momentum", "include": "muon_include", "exclude": 
 
 def muon_arguments(muon_cfg: Any) -> dict[str, Any]:
     """MuonAdamW's Muon arguments from a `training.muon` section (DictConfig or MuonConfig)."""
-    def plain(value):  # lists arrive as OmegaConf ListConfig from a DictConfig
+    def plain(value: Any) -> Any:  # lists arrive as OmegaConf ListConfig from a DictConfig
         return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
     return {_ARGUMENT.get(f.name, f.name): plain(getattr(muon_cfg, f.name)) for f in dataclasses.fields(MuonConfig)}
