@@ -65,7 +65,7 @@ def load_episodes(dcfg: Any, on_bad: Callable[[str], None],
     return episodes, image_keys or [], weights
 
 
-def _weights(dcfg):
+def _weights(dcfg: Any) -> list[float] | None:
     """One weight per folder (recipe/config.py checks their count and signs), or None: by size."""
     return None if dcfg.weights is None else list(dcfg.weights)
 

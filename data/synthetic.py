@@ -35,7 +35,7 @@ def square_size(height: int, width: int) -> int:
     return max(4, min(height, width) // 6)
 
 
-def _pixel(x, y, extent, height, width):
+def _pixel(x: float, y: float, extent: int, height: int, width: int) -> tuple[int, int]:
     return int(round(x * (width - extent))), int(round(y * (height - extent)))
 
 
@@ -116,7 +116,7 @@ def generate(out_dir: str, num_episodes: int = 24, episode_length: int = 80, fps
     return params
 
 
-def _params_from_config(cfg):
+def _params_from_config(cfg: Any) -> dict[str, Any]:
     s, c = cfg.dataset.synthetic, cfg.common
     if c.state_dim != 2 * c.action_dim or c.action_dim % 2:
         raise DataError(f"the synthetic dataset has action_dim = 2 x squares and state_dim = 2 x action_dim; "
