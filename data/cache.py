@@ -88,11 +88,14 @@ def check_fingerprint(meta: dict[str, Any], parts: dict[str, Any], cache_dir: st
 class _Shards:
     """safetensors shards opened lazily, once per process (DataLoader workers fork)."""
 
-    def __init__(self, cache_dir, files):
+    _open: dict[int, Any]  # shard -> its safetensors handle (safe_open)
+    _pid: int | None  # the process that opened them
+
+    def __init__(self, cache_dir: str, files: Sequence[str]) -> None:
         self.paths = [os.path.join(cache_dir, f) for f in files]
         self._open, self._pid = {}, None
 
-    def get(self, shard, key, row):
+    def get(self, shard: int, key: str, row: int) -> torch.Tensor:
         if self._pid != os.getpid():
             self._open, self._pid = {}, os.getpid()
         path = self.paths[shard]
@@ -145,7 +148,7 @@ class CachedDataset:
         shard, row, source, episode, frame, _ = self.rows[i]
         return f"cached frame {frame} of episode {episode} (folder {source}, {self.shards.paths[shard]} row {row})"
 
-    def _text(self, k):
+    def _text(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._texts is None:  # a few distinct instructions: read them all once per process
             try:
                 with safe_open(self.text_path, framework="pt") as f:
