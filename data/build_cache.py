@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from safetensors.torch import save_file
 
 from data.build import BadEpisodes, load_episodes
@@ -118,7 +119,7 @@ def _rows(batch: DataBatch, encoded: ModelBatch, windows: list[tuple[int, int]],
     return rows
 
 
-def build_cache(cfg: Any, out: str, encoders: Any, batch_size: int = 8, rows_per_shard: int = 512) -> dict[str, Any]:
+def build_cache(cfg: DictConfig, out: str, encoders: Any, batch_size: int = 8, rows_per_shard: int = 512) -> dict[str, Any]:
     """Write the cache of `cfg`'s dataset to `out` with `encoders` (anything with `encode(batch)`)."""
     dcfg = cfg.dataset
     if dcfg.type == "synthetic":
@@ -167,7 +168,7 @@ def build_cache(cfg: Any, out: str, encoders: Any, batch_size: int = 8, rows_per
     return meta
 
 
-def cache_encoders(cfg: Any, device: str | torch.device) -> Any:
+def cache_encoders(cfg: DictConfig, device: str | torch.device) -> Any:
     """Every frozen part, whatever `dataset.cache_dir` says: the windows are raw (and cache_dir may
     name the very cache being built, which would otherwise leave umT5 and Qwen3-VL out)."""
     from models import build_world_model

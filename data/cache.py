@@ -21,21 +21,24 @@ from typing import Any, Collection, Sequence
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 from safetensors import safe_open
 
+from data.episodes import Episode
 from data.errors import DataError
+from data.normalize import NormStats
 
 META_FILE = "cache_meta.json"
 TEXT_FILE = "texts.safetensors"
 ROW_KEYS = ("source", "episode_index", "frame_index", "text_index")
 
 
-def cache_stride(cfg: Any) -> int:
+def cache_stride(cfg: DictConfig) -> int:
     c = cfg.common
     return cfg.dataset.cache_stride or c.video_action_freq_ratio * c.global_downsample_rate
 
 
-def fingerprint_parts(cfg: Any, episodes: Sequence[Any]) -> dict[str, Any]:
+def fingerprint_parts(cfg: DictConfig, episodes: Sequence[Episode]) -> dict[str, Any]:
     """{"dataset": {...}, "model": {...}}: everything a cached window depends on."""
     d, c, m = cfg.dataset, cfg.common, cfg.model
     dirs = d.dataset_dir if not isinstance(d.dataset_dir, str) else [d.dataset_dir]
@@ -111,7 +114,7 @@ class _Shards:
 class CachedDataset:
     """Windows read from a latent cache instead of decoded and encoded every step."""
 
-    def __init__(self, cache_dir: str, cfg: Any, stats: Any, episodes: Sequence[Any],
+    def __init__(self, cache_dir: str, cfg: DictConfig, stats: NormStats, episodes: Sequence[Episode],
                  keep: Collection[tuple[str, int]],
                  source_weights: Sequence[float] | None = None) -> None:
         meta = read_meta(cache_dir)

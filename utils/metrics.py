@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from omegaconf import DictConfig
 
 from utils.wandb_setup import init_wandb
 
@@ -49,7 +50,7 @@ def rewind_metrics(path: str, step: int) -> None:
 class Metrics:
     """Writes one JSON object per logged step and mirrors it, and every picture, to TensorBoard and wandb."""
 
-    def __init__(self, cfg: Any, run_dir: str, enabled: bool, start_step: int, report_to: str) -> None:
+    def __init__(self, cfg: DictConfig, run_dir: str, enabled: bool, start_step: int, report_to: str) -> None:
         self.enabled = enabled
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.tb: Any = None  # a SummaryWriter
