@@ -23,9 +23,10 @@ How it works (the standard way ALOHA sim demonstrations are made, with our own p
 """
 import collections
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from data.sim_env import SimEnv, SimTaskError, get_task, make_env
 
@@ -41,20 +42,20 @@ class KeyPose:
 
 
 # ---- quaternions (w, x, y, z) -------------------------------------------------------------------
-def axis_angle(axis, degrees) -> np.ndarray:
+def axis_angle(axis: npt.ArrayLike, degrees: float) -> np.ndarray:
     axis = np.asarray(axis, dtype=np.float64)
     half = np.deg2rad(degrees) / 2
     return np.concatenate([[np.cos(half)], np.sin(half) * axis / np.linalg.norm(axis)])
 
 
-def quat_mul(a, b) -> np.ndarray:
+def quat_mul(a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
     w1, x1, y1, z1 = a
     w2, x2, y2, z2 = b
     return np.array([w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2, w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
                      w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2, w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2])
 
 
-def slerp(a, b, t: float) -> np.ndarray:
+def slerp(a: npt.ArrayLike, b: npt.ArrayLike, t: float) -> np.ndarray:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     dot = float(a @ b)
     if dot < 0:  # the shorter way round
@@ -67,7 +68,7 @@ def slerp(a, b, t: float) -> np.ndarray:
     return q / np.linalg.norm(q)
 
 
-def rotate(q, v) -> np.ndarray:
+def rotate(q: np.ndarray, v: npt.ArrayLike) -> np.ndarray:
     """The vector v rotated by the unit quaternion q."""
     return quat_mul(quat_mul(q, np.concatenate([[0.0], v])), q * np.array([1, -1, -1, -1]))[1:]
 
@@ -103,7 +104,7 @@ APPROACH, DESCEND, CLOSE_FROM, CLOSE, LIFT = 55, 85, 92, 105, 145
 LEFT_WAIT, LEFT_IN, LEFT_CLOSE, RELEASE, END = 145, 170, 185, 200, 230
 
 
-def plan_transfer_cube(cube_xyz, tip_below: float = TIP_BELOW) -> Tuple[List[KeyPose], List[KeyPose]]:
+def plan_transfer_cube(cube_xyz: npt.ArrayLike, tip_below: float = TIP_BELOW) -> Tuple[List[KeyPose], List[KeyPose]]:
     """Key poses (left, right) handing the cube at cube_xyz from the right gripper to the left one."""
     # gym-aloha drops the cube from 5 cm: it lies on the table, its centre one half-size up
     cube = np.array([cube_xyz[0], cube_xyz[1], CUBE_HALF])
@@ -124,7 +125,7 @@ def plan_transfer_cube(cube_xyz, tip_below: float = TIP_BELOW) -> Tuple[List[Key
     return left, right
 
 
-def plan_left_grasp(held_cube_xyz, finger_offset) -> List[KeyPose]:
+def plan_left_grasp(held_cube_xyz: npt.ArrayLike, finger_offset: npt.ArrayLike) -> List[KeyPose]:
     """The left gripper's key poses from LEFT_WAIT on: its upper finger (the one gym-aloha's reward
     looks at) comes in level with the held cube, then the gripper closes on it. Where the cube sits
     between the right fingers varies by a few cm, and the open fingers sag under gravity, so this is
@@ -153,7 +154,7 @@ def interpolate(keys: List[KeyPose]) -> np.ndarray:
 class EndEffectorScene:
     """gym-aloha's end-effector transfer_cube scene, the cube placed by the seed, rendering nothing."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         from dm_control import mujoco
         from dm_control.rl import control
         from gym_aloha.constants import ASSETS_DIR, DT
@@ -186,17 +187,18 @@ class EndEffectorScene:
         return self.task.get_qpos(self.env.physics), reward
 
 
-def _SeededEndEffectorTask(base):
+def _SeededEndEffectorTask(base: type[Any]) -> type[Any]:
     """`base` with the cube placed at `self.box_pose` (gym-aloha draws it unseeded) and an
     observation that renders nothing (the end-effector task renders three 480x640 cameras)."""
 
-    def initialize_episode(self, physics):
+    # self: an instance of the class built below; physics: dm_control's mujoco.Physics (both untyped)
+    def initialize_episode(self: Any, physics: Any) -> None:
         self.initialize_robots(physics)
         start = physics.model.name2id("red_box_joint", "joint")
         np.copyto(physics.data.qpos[start:start + 7], self.box_pose)
         super(base, self).initialize_episode(physics)
 
-    def get_observation(self, physics):
+    def get_observation(self: Any, physics: Any) -> collections.OrderedDict[str, np.ndarray]:
         return collections.OrderedDict(qpos=self.get_qpos(physics))
 
     return type(f"Seeded{base.__name__}", (base,), {"initialize_episode": initialize_episode,
@@ -243,7 +245,7 @@ def expert_trajectory(task_name: str, seed: int) -> np.ndarray:
     return actions  # the last try's when none solves: the caller's replay finds it fails
 
 
-def solves(env, seed: int, actions: np.ndarray) -> int:
+def solves(env: SimEnv, seed: int, actions: np.ndarray) -> int:
     """The step at which `actions` solve the joint-space scene of `seed`, or -1 (no rendering)."""
     env.reset(seed, observe=False)
     for t, action in enumerate(actions):

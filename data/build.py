@@ -4,6 +4,7 @@ import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from omegaconf import DictConfig
 
 from data.dataset import EpisodeDataset
 from data.episodes import Episode, WindowSpec, split_episodes
@@ -17,7 +18,7 @@ from data.stream import TrainStream, ValLoader
 logger = logging.getLogger(__name__)
 
 
-def dataset_dirs(dcfg: Any) -> list[str]:
+def dataset_dirs(dcfg: DictConfig) -> list[str]:
     dirs = dcfg.dataset_dir
     dirs = [dirs] if isinstance(dirs, str) else list(dirs)
     return [str(d) for d in dirs]
@@ -37,7 +38,7 @@ class BadEpisodes:
         logger.warning("skipping a bad episode: %s", message)
 
 
-def load_episodes(dcfg: Any, on_bad: Callable[[str], None],
+def load_episodes(dcfg: DictConfig, on_bad: Callable[[str], None],
                   with_video: bool = True) -> tuple[list[Episode], list[str], list[float] | None]:
     """(episodes, image_keys, source_weights) for any dataset.type."""
     dirs = dataset_dirs(dcfg)
@@ -65,12 +66,12 @@ def load_episodes(dcfg: Any, on_bad: Callable[[str], None],
     return episodes, image_keys or [], weights
 
 
-def _weights(dcfg):
+def _weights(dcfg: DictConfig) -> list[float] | None:
     """One weight per folder (recipe/config.py checks their count and signs), or None: by size."""
     return None if dcfg.weights is None else list(dcfg.weights)
 
 
-def check_dims(episodes: Sequence[Episode], cfg: Any) -> None:
+def check_dims(episodes: Sequence[Episode], cfg: DictConfig) -> None:
     """The data's action/state widths must match common.action_dim/state_dim."""
     for key, attr, want in (("action", "action", cfg.common.action_dim), ("state", "state", cfg.common.state_dim)):
         for ep in episodes:
@@ -91,7 +92,7 @@ def stats_from_episodes(episodes: Sequence[Episode], action_key: str, state_key:
     return stats
 
 
-def build_stats(dcfg: Any, episodes: Sequence[Episode]) -> NormStats:
+def build_stats(dcfg: DictConfig, episodes: Sequence[Episode]) -> NormStats:
     if dcfg.normalization == "none":
         return NormStats({}, mode="none", action_key=dcfg.action_key, state_key=dcfg.state_key)
     if dcfg.stats_path is not None:
@@ -111,7 +112,7 @@ def build_stats(dcfg: Any, episodes: Sequence[Episode]) -> NormStats:
     return stats
 
 
-def split(episodes: Sequence[Episode], dcfg: Any) -> tuple[list[Episode], list[Episode]]:
+def split(episodes: Sequence[Episode], dcfg: DictConfig) -> tuple[list[Episode], list[Episode]]:
     """(train episodes, val episodes): held-out episodes per folder, never in training."""
     train, val = [], []
     for source in sorted({e.source for e in episodes}):
@@ -122,7 +123,7 @@ def split(episodes: Sequence[Episode], dcfg: Any) -> tuple[list[Episode], list[E
     return train, val
 
 
-def build_datasets(cfg: Any) -> tuple[Any, Any, NormStats]:
+def build_datasets(cfg: DictConfig) -> tuple[Any, Any, NormStats]:
     """(train_set, val_set or None, stats). Raises DataError with a clear message on bad paths/data."""
     dcfg = cfg.dataset
     if dcfg.type == "synthetic":
@@ -162,12 +163,12 @@ def build_datasets(cfg: Any) -> tuple[Any, Any, NormStats]:
     return train_set, val_set, stats
 
 
-def build_train_stream(train_set: Any, cfg: Any, rank: int = 0, world_size: int = 1) -> TrainStream:
+def build_train_stream(train_set: Any, cfg: DictConfig, rank: int = 0, world_size: int = 1) -> TrainStream:
     return TrainStream(train_set, cfg.training.seed, cfg.training.batch_size, rank, world_size,
                        cfg.system.num_workers, cfg.system.pin_memory, cfg.dataset.skip_bad_samples)
 
 
-def build_val_loader(val_set: Any, cfg: Any, rank: int = 0, world_size: int = 1) -> ValLoader | None:
+def build_val_loader(val_set: Any, cfg: DictConfig, rank: int = 0, world_size: int = 1) -> ValLoader | None:
     """Finite and sharded; None when there is no validation set."""
     if val_set is None:
         return None

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from safetensors.torch import save_file
 
 from data.build import BadEpisodes, load_episodes
@@ -37,21 +38,25 @@ def cache_windows(dataset: EpisodeDataset, stride: int) -> list[tuple[int, int]]
 
 
 class _ShardWriter:
-    def __init__(self, out, rows_per_shard):
+    pending: list[dict[str, Any]]  # rows not yet in a shard
+    shards: list[dict[str, Any]]  # meta.json's entry of each shard written
+    keys: list[str]
+
+    def __init__(self, out: str, rows_per_shard: int) -> None:
         self.out, self.rows_per_shard = out, rows_per_shard
         self.pending, self.shards, self.vlm_len, self.keys = [], [], 0, []
 
-    def add(self, rows):
+    def add(self, rows: list[dict[str, Any]]) -> None:
         self.pending += rows
         while len(self.pending) >= self.rows_per_shard:
             self._write(self.pending[:self.rows_per_shard])
             self.pending = self.pending[self.rows_per_shard:]
 
-    def close(self):
+    def close(self) -> None:
         if self.pending:
             self._write(self.pending)
 
-    def _write(self, rows):
+    def _write(self, rows: list[dict[str, Any]]) -> None:
         self.keys = [k for k in ROW_TENSORS if k in rows[0]]
         tensors = {}
         for key in (k for k in rows[0] if k not in ROW_KEYS):
@@ -71,17 +76,21 @@ class _ShardWriter:
 class _Texts:
     """One text embedding per distinct instruction (a full-size one is 512 x 4096 floats)."""
 
-    def __init__(self):
+    index: dict[str, int]  # instruction -> its row
+    embeds: list[torch.Tensor]
+    masks: list[torch.Tensor]
+
+    def __init__(self) -> None:
         self.index, self.embeds, self.masks = {}, [], []
 
-    def add(self, instruction, embeds, mask):
+    def add(self, instruction: str, embeds: torch.Tensor, mask: torch.Tensor) -> int:
         if instruction not in self.index:
             self.index[instruction] = len(self.embeds)
             self.embeds.append(embeds.detach().cpu().float())
             self.masks.append(mask.detach().cpu().bool())
         return self.index[instruction]
 
-    def save(self, path):
+    def save(self, path: str) -> None:
         save_file({"text_embeds": torch.stack(self.embeds), "text_mask": torch.stack(self.masks)}, path)
 
 
@@ -110,7 +119,7 @@ def _rows(batch: DataBatch, encoded: ModelBatch, windows: list[tuple[int, int]],
     return rows
 
 
-def build_cache(cfg: Any, out: str, encoders: Any, batch_size: int = 8, rows_per_shard: int = 512) -> dict[str, Any]:
+def build_cache(cfg: DictConfig, out: str, encoders: Any, batch_size: int = 8, rows_per_shard: int = 512) -> dict[str, Any]:
     """Write the cache of `cfg`'s dataset to `out` with `encoders` (anything with `encode(batch)`)."""
     dcfg = cfg.dataset
     if dcfg.type == "synthetic":
@@ -159,7 +168,7 @@ def build_cache(cfg: Any, out: str, encoders: Any, batch_size: int = 8, rows_per
     return meta
 
 
-def cache_encoders(cfg: Any, device: str | torch.device) -> Any:
+def cache_encoders(cfg: DictConfig, device: str | torch.device) -> Any:
     """Every frozen part, whatever `dataset.cache_dir` says: the windows are raw (and cache_dir may
     name the very cache being built, which would otherwise leave umT5 and Qwen3-VL out)."""
     from models import build_world_model

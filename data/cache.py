@@ -21,21 +21,24 @@ from typing import Any, Collection, Sequence
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 from safetensors import safe_open
 
+from data.episodes import Episode
 from data.errors import DataError
+from data.normalize import NormStats
 
 META_FILE = "cache_meta.json"
 TEXT_FILE = "texts.safetensors"
 ROW_KEYS = ("source", "episode_index", "frame_index", "text_index")
 
 
-def cache_stride(cfg: Any) -> int:
+def cache_stride(cfg: DictConfig) -> int:
     c = cfg.common
     return cfg.dataset.cache_stride or c.video_action_freq_ratio * c.global_downsample_rate
 
 
-def fingerprint_parts(cfg: Any, episodes: Sequence[Any]) -> dict[str, Any]:
+def fingerprint_parts(cfg: DictConfig, episodes: Sequence[Episode]) -> dict[str, Any]:
     """{"dataset": {...}, "model": {...}}: everything a cached window depends on."""
     d, c, m = cfg.dataset, cfg.common, cfg.model
     dirs = d.dataset_dir if not isinstance(d.dataset_dir, str) else [d.dataset_dir]
@@ -88,11 +91,14 @@ def check_fingerprint(meta: dict[str, Any], parts: dict[str, Any], cache_dir: st
 class _Shards:
     """safetensors shards opened lazily, once per process (DataLoader workers fork)."""
 
-    def __init__(self, cache_dir, files):
+    _open: dict[int, Any]  # shard -> its safetensors handle (safe_open)
+    _pid: int | None  # the process that opened them
+
+    def __init__(self, cache_dir: str, files: Sequence[str]) -> None:
         self.paths = [os.path.join(cache_dir, f) for f in files]
         self._open, self._pid = {}, None
 
-    def get(self, shard, key, row):
+    def get(self, shard: int, key: str, row: int) -> torch.Tensor:
         if self._pid != os.getpid():
             self._open, self._pid = {}, os.getpid()
         path = self.paths[shard]
@@ -108,7 +114,7 @@ class _Shards:
 class CachedDataset:
     """Windows read from a latent cache instead of decoded and encoded every step."""
 
-    def __init__(self, cache_dir: str, cfg: Any, stats: Any, episodes: Sequence[Any],
+    def __init__(self, cache_dir: str, cfg: DictConfig, stats: NormStats, episodes: Sequence[Episode],
                  keep: Collection[tuple[str, int]],
                  source_weights: Sequence[float] | None = None) -> None:
         meta = read_meta(cache_dir)
@@ -145,7 +151,7 @@ class CachedDataset:
         shard, row, source, episode, frame, _ = self.rows[i]
         return f"cached frame {frame} of episode {episode} (folder {source}, {self.shards.paths[shard]} row {row})"
 
-    def _text(self, k):
+    def _text(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._texts is None:  # a few distinct instructions: read them all once per process
             try:
                 with safe_open(self.text_path, framework="pt") as f:

@@ -29,6 +29,8 @@ import io
 import json
 import os
 import re
+from collections.abc import Sequence
+from typing import TypedDict
 
 import h5py
 import numpy as np
@@ -43,7 +45,16 @@ PARTS = ("left_arm", "left_gripper", "right_arm", "right_gripper")
 NEW_PARTS = ("left_arm_joint_states", "left_ee_joint_states", "right_arm_joint_states", "right_ee_joint_states")
 
 
-def _frames(dataset, path, key):
+class HDF5Episode(TypedDict):
+    """One RoboTwin HDF5 episode, aligned so that action[t] is the joint target after state[t]."""
+    state: np.ndarray  # float32 [T, dim]
+    action: np.ndarray  # float32 [T, dim]
+    cameras: dict[str, np.ndarray]  # ALOHA camera name -> uint8 [T, H, W, 3], head and wrists first
+    instruction: str | None
+    fps: float | None  # None: the file does not say
+
+
+def _frames(dataset: h5py.Dataset, path: str, key: str) -> np.ndarray:
     """All frames of a camera dataset as uint8 [T, H, W, 3]."""
     data = dataset[()]
     if data.dtype == np.uint8 and data.ndim == 4:
@@ -57,13 +68,13 @@ def _frames(dataset, path, key):
     return np.stack(frames)
 
 
-def _camera_order(name):
+def _camera_order(name: str) -> tuple[int, str]:
     """head, left wrist, right wrist first (frame_layout robotwin's order), then the rest by name."""
     first = ("cam_high", "cam_left_wrist", "cam_right_wrist")
     return (first.index(name), "") if name in first else (len(first), name)
 
 
-def _vector(group, names, path, where):
+def _vector(group: h5py.Group, names: Sequence[str], path: str, where: str) -> np.ndarray:
     missing = [n for n in names if n not in group]
     if missing:
         raise DataError(f"{path}: {where} has no {missing}; it has {sorted(group.keys())}")
@@ -71,12 +82,12 @@ def _vector(group, names, path, where):
     return np.concatenate([p.reshape(len(p), -1) for p in parts], axis=1)
 
 
-def _text(value):
+def _text(value: h5py.Dataset) -> str:
     value = value[()] if hasattr(value, "shape") else value
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _instruction_file(path):
+def _instruction_file(path: str) -> str | None:
     stem = os.path.splitext(os.path.basename(path))[0]
     candidate = os.path.join(os.path.dirname(os.path.dirname(path)), "instructions", stem + ".json")
     if os.path.isfile(candidate):
@@ -88,14 +99,14 @@ def _instruction_file(path):
     return None
 
 
-def _task_from_path(path):
+def _task_from_path(path: str) -> str:
     parts = os.path.normpath(path).split(os.sep)
     # <task>/<config>/data/episodeN.hdf5 is RoboTwin's own output tree
     name = parts[-4] if len(parts) >= 4 and parts[-2] == "data" else parts[-2]
     return name.replace("_", " ")
 
 
-def read_episode(path):
+def read_episode(path: str) -> HDF5Episode:
     """{"state", "action", "cameras": {key: frames}, "instruction", "fps" or None} of one HDF5 file."""
     try:
         f = h5py.File(path, "r")
@@ -135,7 +146,7 @@ def read_episode(path):
     return {"state": state, "action": action, "cameras": cameras, "instruction": instruction, "fps": fps}
 
 
-def episode_files(source):
+def episode_files(source: str) -> list[str]:
     if os.path.isfile(source):
         return [source]
     files = glob.glob(os.path.join(source, "**", "*.hdf5"), recursive=True)
@@ -145,8 +156,10 @@ def episode_files(source):
     return sorted(files, key=number)
 
 
-def convert(source, out, fps=None, task=None, codec="libsvtav1", skip_bad=False):
-    """Write `out` (LeRobot v3.0) from the RoboTwin episodes under `source`; returns the episode count."""
+def convert(source: str, out: str, fps: float | None = None, task: str | None = None, codec: str = "libsvtav1",
+            skip_bad: bool = False) -> tuple[int, list[str]]:
+    """Write `out` (LeRobot v3.0) from the RoboTwin episodes under `source`; returns the episode count and
+    the messages of the episodes skipped."""
     writer, skipped = None, []
     for path in episode_files(source):
         try:
@@ -163,8 +176,8 @@ def convert(source, out, fps=None, task=None, codec="libsvtav1", skip_bad=False)
                      for i in range({"left_arm": 6, "right_arm": 6}.get(p, 1))] if dim == 14 else None
             features = {"observation.state": {"dtype": "float32", "shape": [dim], "names": names},
                         "action": {"dtype": "float32", "shape": [ep["action"].shape[1]], "names": names}}
-            for key, frames in ep["cameras"].items():
-                features[f"observation.images.{key}"] = {"dtype": "video", "shape": list(frames.shape[1:]),
+            for key, video in ep["cameras"].items():
+                features[f"observation.images.{key}"] = {"dtype": "video", "shape": list(video.shape[1:]),
                                                          "names": ["height", "width", "channels"]}
             rate = fps or ep["fps"] or 15
             writer = LeRobotWriter(out, int(round(rate)), features, robot_type="aloha-agilex", codec=codec)
@@ -184,7 +197,7 @@ def convert(source, out, fps=None, task=None, codec="libsvtav1", skip_bad=False)
     return len(writer.episodes), skipped
 
 
-def main():
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", help="folder searched recursively for *.hdf5, or one .hdf5 file")
     parser.add_argument("out", help="new LeRobot v3.0 folder")

@@ -36,7 +36,7 @@ class EpisodeDataset:
         self.sources = sources
         self.source_probs = self._probabilities(source_weights)
 
-    def _probabilities(self, source_weights):
+    def _probabilities(self, source_weights: Sequence[float] | None) -> np.ndarray:
         if not self.sources:
             return np.zeros(0)
         if source_weights is None:  # proportional to size: every window equally likely
@@ -95,7 +95,7 @@ class EpisodeDataset:
             sample["state"] = torch.from_numpy(np.array(state, dtype=np.float32))
         return sample
 
-    def _video(self, ep, frames):
+    def _video(self, ep: Episode, frames: np.ndarray) -> torch.Tensor:
         views = []
         for key in self.image_keys:
             if key in ep.images:

@@ -7,9 +7,10 @@ slice); state at c. The last index used is c + F r d, so c ranges over [0, lengt
 and a window never reads past its episode's end.
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from omegaconf import DictConfig
 
 
 @dataclass
@@ -48,7 +49,7 @@ class WindowSpec:
     ratio: int
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "WindowSpec":
+    def from_config(cls, cfg: DictConfig) -> "WindowSpec":
         c = cfg.common
         return cls(c.num_video_frames, c.global_downsample_rate, c.video_action_freq_ratio)
 

@@ -56,7 +56,7 @@ def write_latent_episode(root: str, name: str, latent_actions: np.ndarray, video
     np.savez(os.path.join(root, "episodes", name + ".npz"), **arrays)
 
 
-def _read_episode(path):
+def _read_episode(path: str) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}

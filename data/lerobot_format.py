@@ -14,7 +14,7 @@ import io
 import json
 import os
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +74,7 @@ class ParquetImages:
     def __setstate__(self, state: dict) -> None:
         self.__init__()  # type: ignore[misc]  # a worker's copy starts with no open files
 
-    def _column(self, path, key):
+    def _column(self, path: str, key: str) -> pa.Array:
         if (path, key) not in self._columns:
             self._columns[(path, key)] = read_parquet(path, _require([key], path)).column(key).combine_chunks()
             while len(self._columns) > self.LIMIT:
@@ -137,10 +137,11 @@ def read_parquet(path: str, select: Callable[[list[str]], list[str]] | None = No
         raise DataError(f"parquet file {path} cannot be read: {e}") from None
 
 
-def _require(wanted, path, optional=()):
+def _require(wanted: Sequence[str], path: str,
+             optional: Sequence[str] = ()) -> Callable[[list[str]], list[str]]:
     """A column selector for `read_parquet`: every `wanted` column (DataError when one is missing)
     and those of `optional` the file has."""
-    def select(names):
+    def select(names: list[str]) -> list[str]:
         missing = [k for k in wanted if k not in names]
         if missing:
             raise DataError(f"parquet file {path} has no column {missing}; it has {names}")
@@ -154,7 +155,7 @@ def read_columns(path: str, wanted: Sequence[str], optional: Sequence[str] = ())
     return {k: table.column(k) for k in table.column_names}
 
 
-def _read_jsonl(path):
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
     if not os.path.isfile(path):
         raise DataError(f"{path} does not exist")
     rows = []
@@ -168,7 +169,7 @@ def _read_jsonl(path):
     return rows
 
 
-def _is_text(arrow_type):
+def _is_text(arrow_type: pa.DataType) -> bool:
     return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or \
         pa.types.is_string_view(arrow_type)
 
@@ -225,7 +226,7 @@ class V21Layout:
     def tasks(self) -> dict[int, str]:
         return {r["task_index"]: r["task"] for r in _read_jsonl(os.path.join(self.root, "meta", "tasks.jsonl"))}
 
-    def _format(self, template, row, **fields):
+    def _format(self, template: str, row: dict[str, Any], **fields: str) -> str:
         ep = row["episode_index"]
         rel = template.format(episode_chunk=ep // self.info.get("chunks_size", 1000), episode_index=ep, **fields)
         return os.path.join(self.root, rel)
@@ -264,7 +265,7 @@ class LeRobotSource:
             self.rows = self.rows[:max_episodes]
         self.episode_indices = [int(r["episode_index"]) for r in self.rows]
 
-    def _wanted(self):
+    def _wanted(self) -> tuple[list[str], tuple[str, ...]]:
         wanted = [self.action_key] + ([self.state_key] if self.state_key else [])
         return wanted, ("timestamp", "frame_index", "episode_index", "task_index")
 
@@ -290,7 +291,7 @@ class LeRobotSource:
         return episodes
 
     @staticmethod
-    def _rows_by_episode(columns):
+    def _rows_by_episode(columns: Mapping[str, pa.ChunkedArray]) -> Callable[[int], np.ndarray]:
         """episode index -> its row numbers in the file, in frame order (one sort per file)."""
         if "episode_index" not in columns:  # v2.1 files hold one episode
             every = np.arange(len(next(iter(columns.values()))))
@@ -301,7 +302,8 @@ class LeRobotSource:
         sorted_eps = episode[order]
         return lambda ep: order[np.searchsorted(sorted_eps, ep, "left"):np.searchsorted(sorted_eps, ep, "right")]
 
-    def _episode(self, row, columns, path, rows):
+    def _episode(self, row: dict[str, Any], columns: Mapping[str, pa.ChunkedArray], path: str,
+                 rows: np.ndarray) -> Episode:
         ep = int(row["episode_index"])
         where = f"episode {ep} of {path}"
         length = int(row.get("length", len(rows)))
@@ -339,7 +341,8 @@ class LeRobotSource:
                        fps=self.fps, origin=path)
 
     @staticmethod
-    def _numeric(columns, key, take, dim, where):
+    def _numeric(columns: Mapping[str, pa.ChunkedArray], key: str, take: pa.Array, dim: int | None,
+                 where: str) -> np.ndarray:
         values = column_to_array(columns[key].take(take), key, where)
         if values.shape[1] != dim:
             raise DataError(f"{where}: '{key}' has dimension {values.shape[1]}, meta/info.json says {dim}")

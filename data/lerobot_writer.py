@@ -20,7 +20,7 @@ Usage:
 import io
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -45,7 +45,7 @@ DEFAULT_FEATURES = {
 }
 
 
-def _column(values, dtype, shape):
+def _column(values: np.ndarray, dtype: str, shape: Sequence[int]) -> pa.Array:
     """An arrow column as LeRobot (HF datasets) stores it: scalars for shape [1], fixed lists otherwise."""
     values = np.asarray(values, dtype=dtype)
     if list(shape) == [1]:
@@ -54,11 +54,11 @@ def _column(values, dtype, shape):
     return pa.FixedSizeListArray.from_arrays(flat, int(np.prod(shape)))
 
 
-def _numeric(feature):
+def _numeric(feature: Mapping[str, Any]) -> bool:
     return feature["dtype"] not in ("video", "image")
 
 
-def _image_column(frames):
+def _image_column(frames: np.ndarray) -> pa.StructArray:
     """Frames as PNG bytes in HF datasets' Image layout: struct<bytes: binary, path: string>."""
     blobs = []
     for rgb in frames:
@@ -69,7 +69,7 @@ def _image_column(frames):
                                       names=["bytes", "path"])
 
 
-def _stats(values):
+def _stats(values: np.ndarray) -> dict[str, list[float]]:
     values = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
     return {"min": values.min(0).tolist(), "max": values.max(0).tolist(), "mean": values.mean(0).tolist(),
             "std": values.std(0).tolist(), "count": [len(values)]}
@@ -110,7 +110,7 @@ class LeRobotWriter:
         self._file_number = 0          # v3.0: running number of the current data/video file
         self._file_episodes = 0
         self._file_tables: list = []
-        self._encoders: dict = {}
+        self._encoders: dict[str, VideoEncoder] = {}
         self._video_frames: dict[str, int] = {}        # v3.0: frames already in the current video file, per camera
 
     # ---- episodes -------------------------------------------------------------------------
@@ -145,14 +145,14 @@ class LeRobotWriter:
         self.episodes.append(meta)
         self.total_frames += length
 
-    def _chunk_file(self):
+    def _chunk_file(self) -> tuple[int, int]:
         return self._file_number // self.chunks_size, self._file_number % self.chunks_size
 
-    def _add_v30(self, table, frames, length):
+    def _add_v30(self, table: pa.Table, frames: dict[str, np.ndarray], length: int) -> dict[str, int | float]:
         if self._file_episodes == self.episodes_per_file:
             self._flush_v30_file()
         chunk, file = self._chunk_file()
-        meta = {"data/chunk_index": chunk, "data/file_index": file,
+        meta: dict[str, int | float] = {"data/chunk_index": chunk, "data/file_index": file,
                 "dataset_from_index": self.total_frames, "dataset_to_index": self.total_frames + length}
         self._file_tables.append(table)
         for key in self.video_keys:
@@ -168,7 +168,7 @@ class LeRobotWriter:
         self._file_episodes += 1
         return meta
 
-    def _flush_v30_file(self):
+    def _flush_v30_file(self) -> None:
         if not self._file_tables:
             return
         chunk, file = self._chunk_file()
@@ -181,7 +181,7 @@ class LeRobotWriter:
         self._file_number += 1
         self._file_episodes = 0
 
-    def _add_v21(self, table, frames, ep):
+    def _add_v21(self, table: pa.Table, frames: dict[str, np.ndarray], ep: int) -> None:
         chunk = ep // self.chunks_size
         path = os.path.join(self.root, V21_DATA_PATH.format(episode_chunk=chunk, episode_index=ep))
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -194,7 +194,7 @@ class LeRobotWriter:
             encoder.close()
             self._encoders.pop(key)
 
-    def _encoder(self, key, frames, relpath):
+    def _encoder(self, key: str, frames: np.ndarray, relpath: str) -> VideoEncoder:
         if key not in self._encoders:
             height, width = np.asarray(frames[0]).shape[:2]
             self._encoders[key] = VideoEncoder(os.path.join(self.root, relpath), self.fps, width, height,
@@ -229,7 +229,7 @@ class LeRobotWriter:
         self._write_json("meta/info.json", info)
         self._write_json("meta/stats.json", self._global_stats())
 
-    def _global_stats(self):
+    def _global_stats(self) -> dict[str, dict[str, list[float]]]:
         # pooled from per-episode moments; LeRobot keeps the same file for users' reference
         stats = {}
         for key, feature in self.features.items():
@@ -245,7 +245,7 @@ class LeRobotWriter:
                           "mean": mean.tolist(), "std": np.sqrt(var).tolist(), "count": [int(counts.sum())]}
         return stats
 
-    def _write_v30_meta(self):
+    def _write_v30_meta(self) -> None:
         write_tasks_parquet(os.path.join(self.root, "meta", "tasks.parquet"), self.tasks)
         rows = []
         for ep in self.episodes:
@@ -259,7 +259,7 @@ class LeRobotWriter:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         pq.write_table(pa.Table.from_pylist(rows), path)
 
-    def _write_v21_meta(self):
+    def _write_v21_meta(self) -> None:
         with open(os.path.join(self.root, "meta", "tasks.jsonl"), "w") as f:
             for i, task in enumerate(self.tasks):
                 f.write(json.dumps({"task_index": i, "task": task}) + "\n")
@@ -271,6 +271,6 @@ class LeRobotWriter:
             for ep in self.episodes:
                 f.write(json.dumps({"episode_index": ep["episode_index"], "stats": ep["stats"]}) + "\n")
 
-    def _write_json(self, relpath, obj):
+    def _write_json(self, relpath: str, obj: Any) -> None:  # obj: a JSON document
         with open(os.path.join(self.root, relpath), "w") as f:
             json.dump(obj, f, indent=2)

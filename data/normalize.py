@@ -14,7 +14,7 @@ A dimension whose spread is below 1e-6 (a constant joint) is only shifted, never
 ~0, so an unseen value at inference cannot explode.
 """
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from data.config import NORMALIZATIONS
 
 _EPS = 1e-6
 STAT_NAMES = ("mean", "std", "min", "max", "q01", "q99", "count")
+
+Values = TypeVar("Values", torch.Tensor, np.ndarray)
+"""What the maps take and give back: a tensor (inference) or an array (the data loader)."""
 
 
 def compute_feature_stats(values: Any) -> dict[str, Any]:
@@ -48,7 +51,7 @@ class NormStats:
             raise ValueError(f"statistics have no '{action_key}' entry; they have {sorted(self.stats)}")
         self._affine = {k: self._center_scale(k) for k in self.stats} if mode != "none" else {}
 
-    def _center_scale(self, key):
+    def _center_scale(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         s = {n: np.asarray(v, dtype=np.float64) for n, v in self.stats[key].items() if n != "count"}
         missing = [n for n in {"mean_std": ("mean", "std"), "min_max": ("min", "max"),
                                "quantile": ("q01", "q99")}[self.mode] if n not in s]
@@ -63,7 +66,7 @@ class NormStats:
         return center.astype(np.float32), scale.astype(np.float32)
 
     # ---- maps --------------------------------------------------------------------------------
-    def _apply(self, key, x, inverse):
+    def _apply(self, key: str | None, x: Values, inverse: bool) -> Values:
         if self.mode == "none" or key is None:
             return x
         if key not in self._affine:
@@ -76,17 +79,17 @@ class NormStats:
             scale = torch.as_tensor(scale, dtype=x.dtype, device=x.device)
         return x * scale + center if inverse else (x - center) / scale
 
-    def normalize_action(self, x: torch.Tensor) -> torch.Tensor:
+    def normalize_action(self, x: Values) -> Values:
         return self._apply(self.action_key, x, inverse=False)
 
-    def unnormalize_action(self, x: torch.Tensor) -> torch.Tensor:
+    def unnormalize_action(self, x: Values) -> Values:
         """Model units -> robot units (inference)."""
         return self._apply(self.action_key, x, inverse=True)
 
-    def normalize_state(self, x: torch.Tensor) -> torch.Tensor:
+    def normalize_state(self, x: Values) -> Values:
         return self._apply(self.state_key if self.state_key in self.stats else None, x, inverse=False)
 
-    def unnormalize_state(self, x: torch.Tensor) -> torch.Tensor:
+    def unnormalize_state(self, x: Values) -> Values:
         return self._apply(self.state_key if self.state_key in self.stats else None, x, inverse=True)
 
     # ---- (de)serialisation ------------------------------------------------------------------

@@ -14,6 +14,7 @@ weighted equally). An episode's instruction varies with the condition frame over
 its metas file, deterministically.
 """
 import os
+from collections.abc import Callable
 
 import av
 import numpy as np
@@ -28,19 +29,19 @@ composes it as data/robotwin_frame.compose_cameras does); dataset.frame_layout r
 frame size as Motus does."""
 
 
-def _episode_names(task_dir):
+def _episode_names(task_dir: str) -> list[str]:
     names = [f[:-3] for f in os.listdir(os.path.join(task_dir, "qpos")) if f.endswith(".pt")]
     return sorted(names, key=lambda n: (0, int(n), "") if n.isdigit() else (1, 0, n))
 
 
-def task_dirs(root, data_mode, task_mode, task_name):
+def task_dirs(root: str, data_mode: str, task_mode: str, task_name: str | None) -> dict[str, list[str]]:
     """{task: [task folders]} selected by data_mode and task_mode."""
     if not os.path.isdir(root):
         raise DataError(f"robotwin dataset_dir {root} does not exist")
     splits = ["clean", "randomized"] if data_mode == "both" else [data_mode]
     if task_mode == "single" and not task_name:
         raise DataError("dataset.task_mode is single but dataset.task_name is not set")
-    tasks: dict[str, list] = {}
+    tasks: dict[str, list[str]] = {}
     for split in splits:
         split_dir = os.path.join(root, split)
         if not os.path.isdir(split_dir):
@@ -55,7 +56,7 @@ def task_dirs(root, data_mode, task_mode, task_name):
     return tasks
 
 
-def _load_qpos(path):
+def _load_qpos(path: str) -> np.ndarray:
     try:
         qpos = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -68,7 +69,7 @@ def _load_qpos(path):
     return qpos
 
 
-def _video_fps_frames(path):
+def _video_fps_frames(path: str) -> tuple[float, int]:
     if not os.path.isfile(path):
         raise DataError(f"video file {path} does not exist")
     try:
@@ -79,7 +80,7 @@ def _video_fps_frames(path):
         raise DataError(f"video file {path} cannot be opened: {e}") from None
 
 
-def _instructions(path):
+def _instructions(path: str) -> list[str]:
     if not os.path.isfile(path):
         return [""]
     with open(path, encoding="utf-8") as f:
@@ -87,7 +88,8 @@ def _instructions(path):
     return lines or [""]
 
 
-def load_robotwin(root, data_mode, task_mode, task_name, max_episodes, on_bad):
+def load_robotwin(root: str, data_mode: str, task_mode: str, task_name: str | None, max_episodes: int | None,
+                  on_bad: Callable[[str], None]) -> tuple[list[Episode], list[str]]:
     """(episodes, task names): one source per task, episodes numbered within their task."""
     tasks = task_dirs(root, data_mode, task_mode, task_name)
     episodes = []

@@ -12,6 +12,8 @@ Motus's own code), so that training (data/), `inference.serve` and the RoboTwin 
 Motus's preprocessed videos (dataset.type robotwin) already hold the composed picture: for
 them only the fit to the frame size is left (one view instead of three).
 """
+from collections.abc import Sequence
+
 import numpy as np
 
 CAMERAS = ("head_camera", "left_camera", "right_camera")
@@ -21,7 +23,7 @@ _COEF_BITS = 11  # OpenCV's INTER_RESIZE_COEF_BITS: bilinear weights in fixed po
 _COEF_SCALE = 1 << _COEF_BITS
 
 
-def _taps(src, dst, clamp_weight):
+def _taps(src: int, dst: int, clamp_weight: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """OpenCV's source index and fixed-point weights (w0, w1) of every output position along one axis."""
     scale = 1.0 / (dst / src)  # OpenCV's scale, in double; the position is rounded to float
     f = ((np.arange(dst, dtype=np.float64) + 0.5) * scale - 0.5).astype(np.float32)
@@ -36,14 +38,14 @@ def _taps(src, dst, clamp_weight):
     return index, w0, w1
 
 
-def cv2_resize(image, height, width):
+def cv2_resize(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """uint8 [..., h, w, C] -> uint8 [..., height, width, C], equal to OpenCV's
     `cv2.resize(image, (width, height))` (INTER_LINEAR) for every frame."""
     h, w = image.shape[-3:-1]
     if (h, w) == (height, width):
         return image.copy()
     if h == 2 * height and w == 2 * width:  # OpenCV switches to its area-fast path for an exact halving
-        x = image.astype(np.uint16)  # a 2x2 sum + 2 stays below 1024
+        x: np.ndarray = image.astype(np.uint16)  # a 2x2 sum + 2 stays below 1024
         blocks = x[..., 0::2, 0::2, :] + x[..., 0::2, 1::2, :] + x[..., 1::2, 0::2, :] + x[..., 1::2, 1::2, :]
         return ((blocks + 2) >> 2).astype(np.uint8)
     x = image.astype(np.int32)  # 255 * 2048 and 2048 * (255 * 2048 >> 4) both fit
@@ -58,7 +60,7 @@ def cv2_resize(image, height, width):
     return out.astype(np.uint8)
 
 
-def fit_with_padding(image, height, width):
+def fit_with_padding(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """uint8 [..., h, w, 3] -> uint8 [..., height, width, 3]: Motus's `resize_with_padding`
     (aspect kept, sizes truncated, centred on black)."""
     h, w = image.shape[-3:-1]
@@ -71,7 +73,7 @@ def fit_with_padding(image, height, width):
     return out
 
 
-def compose_cameras(head, left, right):
+def compose_cameras(head: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """Three uint8 [..., h, w, 3] cameras -> Motus's T layout: head on top, both wrists at half the
     head's size side by side below it (uint8 [..., h + h // 2, w, 3])."""
     h, w = head.shape[-3:-1]
@@ -83,7 +85,7 @@ def compose_cameras(head, left, right):
     return np.concatenate([head, bottom], axis=-3)
 
 
-def robotwin_frame(views, height, width):
+def robotwin_frame(views: Sequence[np.ndarray], height: int, width: int) -> np.ndarray:
     """The model's uint8 [..., height, width, 3] picture: from the three cameras (head, left wrist,
     right wrist) or from one view Motus's converter already composed."""
     if len(views) == 3:
@@ -94,9 +96,9 @@ def robotwin_frame(views, height, width):
                      f"takes 1 already composed view; got {len(views)} cameras")
 
 
-def to_model_range(frames):
+def to_model_range(frames: np.ndarray) -> np.ndarray:
     """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [-1, 1] (as data/transforms.fit_frames scales)."""
-    x = np.moveaxis(frames, -1, -3).astype(np.float32)
+    x: np.ndarray = np.moveaxis(frames, -1, -3).astype(np.float32)
     np.divide(x, 127.5, out=x)
     np.subtract(x, 1.0, out=x)
     return x

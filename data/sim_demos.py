@@ -21,19 +21,19 @@ import shutil
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from data.lerobot_writer import LeRobotWriter
-from data.sim_env import DEMO_SEEDS, SimEnv, SimTaskError, check_seeds, get_task, make_env
+from data.sim_env import DEMO_SEEDS, SimEnv, SimTask, SimTaskError, check_seeds, get_task, make_env
 
 DEFAULT_IMAGE_SIZE = (192, 256)  # the top camera's 3:4 at configs/aloha_sim.yaml's video size
 ATTEMPTS_PER_EPISODE = 2   # give up when the expert fails on more than half the seeds it is given
 _ENV: Dict[tuple, SimEnv] = {}  # per worker process: the env of (task, image size)
 
 
-def features(task, image_size: Tuple[int, int]) -> dict:
+def features(task: SimTask, image_size: Tuple[int, int]) -> dict:
     from gym_aloha.constants import ACTIONS, JOINTS
 
     h, w = image_size
@@ -42,7 +42,7 @@ def features(task, image_size: Tuple[int, int]) -> dict:
             task.image_key: {"dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"]}}
 
 
-def replay(env, seed: int, actions: np.ndarray, render: bool, stop: Optional[int] = None) -> Dict[str, Any]:
+def replay(env: SimEnv, seed: int, actions: np.ndarray, render: bool, stop: Optional[int] = None) -> Dict[str, Any]:
     """Execute `actions` from the scene of `seed` (the first `stop` of them when given). Returns the
     step that solved the task (-1: none) and, per executed step, the state (and frame) before it."""
     env.reset(seed, observe=False)
@@ -89,7 +89,7 @@ def check_out(out: str) -> None:
 
 
 def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[int, int], workers: int,
-             tail: int, log=print) -> dict:
+             tail: int, log: Callable[[str], None] = print) -> dict:
     """Write `episodes` solved demonstrations of task `name` to `out`; returns the summary."""
     from data.aloha_expert import EXPERT_TASKS
 
@@ -158,7 +158,7 @@ def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[in
     return summary
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="scripted simulator demonstrations -> LeRobot v3.0 dataset")
     parser.add_argument("--task", required=True, help="a task of data.sim_env.TASKS with a scripted expert")
     parser.add_argument("--episodes", type=int, required=True, help="solved episodes to write")

@@ -18,7 +18,7 @@ import collections
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -87,7 +87,7 @@ def get_task(name: str) -> SimTask:
     return task
 
 
-def check_seeds(seeds, allowed: range, what: str) -> None:
+def check_seeds(seeds: Iterable[int], allowed: range, what: str) -> None:
     """Refuse seeds outside `allowed` (evaluation seeds are never demonstration seeds)."""
     bad = [s for s in seeds if s not in allowed]
     if bad:
@@ -130,7 +130,7 @@ class AlohaEnv(SimEnv):
     `sample_box_pose` / `sample_insertion_pose` of the seed, its control timestep): only
     `get_observation` is replaced by one that renders nothing."""
 
-    def __init__(self, task: SimTask, image_size: Tuple[int, int]):
+    def __init__(self, task: SimTask, image_size: Tuple[int, int]) -> None:
         from dm_control import mujoco
         from dm_control.rl import control
         from gym_aloha.constants import ASSETS_DIR, DT
@@ -145,7 +145,7 @@ class AlohaEnv(SimEnv):
                                         n_sub_steps=None, flat_observation=False)
 
     @property
-    def physics(self):
+    def physics(self) -> Any:  # dm_control's mujoco.Physics (untyped)
         return self._env.physics
 
     def reset(self, seed: int, observe: bool = True) -> Optional[dict]:
@@ -173,7 +173,8 @@ class AlohaEnv(SimEnv):
         return self.physics.render(height=h, width=w, camera_id=self.task.camera)
 
 
-def _unrendered_observation(self, physics):
+def _unrendered_observation(self: Any, physics: Any) -> collections.OrderedDict[str, np.ndarray]:
+    # self: a gym-aloha task of the class AlohaEnv builds; physics: dm_control's mujoco.Physics (both untyped)
     return collections.OrderedDict(qpos=self.get_qpos(physics), qvel=self.get_qvel(physics),
                                    env_state=self.get_env_state(physics))
 
@@ -181,7 +182,7 @@ def _unrendered_observation(self, physics):
 class PushTEnv(SimEnv):
     """gym-pusht's env as registered (pymunk renders cheaply), at the requested picture size."""
 
-    def __init__(self, task: SimTask, image_size: Tuple[int, int]):
+    def __init__(self, task: SimTask, image_size: Tuple[int, int]) -> None:
         import gymnasium as gym
 
         self.task, self.image_size = task, (int(image_size[0]), int(image_size[1]))

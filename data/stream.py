@@ -45,11 +45,11 @@ def collate_reporting(samples: Sequence[dict[str, Any]]) -> tuple[DataBatch, lis
 class _BatchNumbers:
     """Batch sampler: lists of sample numbers for batches start, start + 1, ... forever."""
 
-    def __init__(self, start, rank, world_size, batch_size, offset=0):
+    def __init__(self, start: int, rank: int, world_size: int, batch_size: int, offset: int = 0) -> None:
         self.start, self.rank, self.world_size, self.batch_size = start, rank, world_size, batch_size
         self.offset = offset
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list[int]]:
         k = self.start
         while True:
             first = self.offset + (k * self.world_size + self.rank) * self.batch_size
@@ -96,7 +96,7 @@ class TrainStream:
         self.batches += 1
         return self.bad.take(batch)
 
-    def _loader(self):
+    def _loader(self) -> torch.utils.data.DataLoader:
         sampler = _BatchNumbers(self.batches, self.rank, self.world_size, self.batch_size, self.offset)
         return torch.utils.data.DataLoader(
             self.draws, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=collate_reporting,

@@ -19,6 +19,7 @@ import shutil
 from typing import Any
 
 import numpy as np
+from omegaconf import DictConfig
 
 from data.errors import DataError
 from data.lerobot_writer import LeRobotWriter
@@ -35,7 +36,7 @@ def square_size(height: int, width: int) -> int:
     return max(4, min(height, width) // 6)
 
 
-def _pixel(x, y, extent, height, width):
+def _pixel(x: float, y: float, extent: int, height: int, width: int) -> tuple[int, int]:
     return int(round(x * (width - extent))), int(round(y * (height - extent)))
 
 
@@ -116,7 +117,7 @@ def generate(out_dir: str, num_episodes: int = 24, episode_length: int = 80, fps
     return params
 
 
-def _params_from_config(cfg):
+def _params_from_config(cfg: DictConfig) -> dict[str, Any]:
     s, c = cfg.dataset.synthetic, cfg.common
     if c.state_dim != 2 * c.action_dim or c.action_dim % 2:
         raise DataError(f"the synthetic dataset has action_dim = 2 x squares and state_dim = 2 x action_dim; "
@@ -125,7 +126,7 @@ def _params_from_config(cfg):
                 image_height=s.image_height, image_width=s.image_width, num_squares=c.action_dim // 2, seed=s.seed)
 
 
-def ensure_synthetic(cfg: Any) -> None:
+def ensure_synthetic(cfg: DictConfig) -> None:
     """Generate the synthetic dataset at dataset.dataset_dir unless it is already there (type synthetic only).
 
     Safe when every rank calls it at once: each writes a private folder and renames it into

@@ -46,7 +46,7 @@ def resize_frames(frames: np.ndarray, size: Sequence[int]) -> np.ndarray:
         .permute(0, 2, 3, 1).numpy()
 
 
-def fit_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
+def fit_frames(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
     """uint8 [T, h, w, 3] -> float32 [T, 3, height, width] in [-1, 1].
 
     Aspect-preserving resize (`resize_frames`) so the frame fits inside height x width, then
@@ -65,7 +65,7 @@ def fit_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 
-def compose_frames(views, layout, height, width):
+def compose_frames(views: Sequence[np.ndarray], layout: str, height: int, width: int) -> torch.Tensor:
     """The cameras (uint8 [T, h_i, w_i, 3] each, in dataset.image_keys order) -> the model's video
     float32 [T, 3, height, width] in [-1, 1]: the one place training, evaluation and serving build it."""
     if layout == "robotwin":

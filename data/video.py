@@ -13,13 +13,18 @@ apart decodes 9 to 18 frames instead of all 49. PyAV decodes AV1 (libdav1d), H.2
 import bisect
 import os
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Callable, Iterator
+from typing import Any, Sequence, TypeVar
 
 import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
 from data.errors import DataError
+
+T = TypeVar("T")
+TimedFrame = tuple[float, av.VideoFrame]
+"""A decoded frame and its presentation time in seconds."""
 
 _OPEN_LIMIT = 16  # open files kept per process (one per camera file in use)
 _videos: OrderedDict = OrderedDict()
@@ -28,7 +33,7 @@ _inherited: list = []
 _to_rgb: Any = None  # a VideoReformatter, reused per process: a fresh one per frame costs more than the conversion
 
 
-def _one_thread():
+def _one_thread() -> dict[str, int]:
     """swscale options for one thread: PyAV 18 picks a thread per core unless told; PyAV 15 (what
     LeRobot 0.4 installs) has no `threads` argument and always uses one."""
     try:
@@ -44,18 +49,18 @@ _SWSCALE = _one_thread()
 class _Video:
     """One open file: its container, its video stream and what its packets showed of its keyframes."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.container = av.open(path)
         self.stream = self.container.streams.video[0]
         # One thread: with frame threads the decoder holds frames back after every seek, and
         # DataLoader workers already use the cores.
         self.stream.codec_context.thread_count = 1
         self.tick = float(self.stream.time_base)  # seconds: float arithmetic (Fraction's costs ms per sample)
-        self.keyframes = []  # sorted ticks of the keyframes seen
-        self.interval = None  # longest distance between two keyframes read one after the other (ticks)
+        self.keyframes: list[int] = []  # sorted ticks of the keyframes seen
+        self.interval: int | None = None  # longest distance between two keyframes read one after the other (ticks)
         self.decoded = 0  # frames decoded since open (the benchmark reports it)
 
-    def saw_keyframe(self, tick, previous):
+    def saw_keyframe(self, tick: int, previous: int | None) -> None:
         """Note keyframe `tick`; `previous` is the keyframe read just before it (None after a seek)."""
         i = bisect.bisect_left(self.keyframes, tick)
         if i == len(self.keyframes) or self.keyframes[i] != tick:
@@ -63,17 +68,17 @@ class _Video:
         if previous is not None:
             self.interval = max(self.interval or 0, tick - previous)
 
-    def ticks(self, t):
+    def ticks(self, t: float) -> int:
         """Seconds -> the nearest stream tick. Wanted times carry float32 error (LeRobot stores
         `timestamp` as float32: up to a tenth of a tick after a minute), which rounding absorbs."""
         return max(round(t / self.tick), 0)
 
-    def keyframe_before(self, tick, inclusive=True):
+    def keyframe_before(self, tick: int, inclusive: bool = True) -> int | None:
         """The last keyframe at (or, with inclusive=False, strictly) before `tick`, or None."""
         i = (bisect.bisect_right if inclusive else bisect.bisect_left)(self.keyframes, tick) - 1
         return self.keyframes[i] if i >= 0 else None
 
-    def worth_seeking(self, position, t):
+    def worth_seeking(self, position: float, t: float) -> bool:
         """True when a keyframe lies after `position` and at or before `t` (seconds), as far as the
         packets read so far tell: seeking there skips frames that decoding on would pass."""
         key = self.keyframe_before(self.ticks(t))
@@ -81,20 +86,21 @@ class _Video:
             return True
         return self.interval is not None and t - position >= self.interval * self.tick
 
-    def close(self):
+    def close(self) -> None:
         self.container.close()
 
 
 class _Cursor:
     """Frames in presentation order from the keyframe at or before tick `start` (0: the file's start)."""
 
-    def __init__(self, video, start):
+    def __init__(self, video: _Video, start: int) -> None:
         self.video = video
         video.container.seek(start, stream=video.stream, backward=True, any_frame=False)
         self.frames = self._decode()
-        self.last, self.head = None, next(self.frames, None)
+        self.last: TimedFrame | None = None  # the frame before head
+        self.head = next(self.frames, None)
 
-    def _decode(self):
+    def _decode(self) -> Iterator[TimedFrame]:
         video, previous = self.video, None
         for packet in video.container.demux(video.stream):
             if packet.is_keyframe and packet.pts is not None:
@@ -106,12 +112,12 @@ class _Cursor:
                     yield frame.pts * video.tick, frame
 
     @property
-    def position(self):
+    def position(self) -> float:
         """Time of the newest decoded frame (-inf before the first)."""
         newest = self.head or self.last
         return newest[0] if newest else float("-inf")
 
-    def nearest(self, t):
+    def nearest(self, t: float) -> TimedFrame | None:
         """(time, frame) closest to `t` (the earlier one on a tie); None when nothing was decoded.
 
         Decodes up to the first frame on or after t's tick (not after `t` itself: a float32 time a
@@ -123,7 +129,7 @@ class _Cursor:
         return min(candidates, key=lambda c: abs(c[0] - t)) if candidates else None
 
 
-def _video(path):
+def _video(path: str) -> _Video:
     """The open `_Video` of `path`, reused across samples of the same process.
 
     DataLoader workers are forked: a container inherited from the parent shares its file
@@ -148,13 +154,13 @@ def _video(path):
     return _videos[path]
 
 
-def _drop(path):
+def _drop(path: str) -> None:
     video = _videos.pop(path, None)
     if video is not None:
         video.close()
 
 
-def _guarded(path, read):
+def _guarded(path: str, read: Callable[[], T]) -> T:
     """read() with PyAV's and the OS's errors turned into a DataError naming `path`."""
     try:
         return read()
@@ -176,7 +182,7 @@ def read_frames(path: str, times: Sequence[float], tolerance: float) -> np.ndarr
     return _guarded(path, lambda: _read_frames(path, times, tolerance))
 
 
-def _seek(video, t):
+def _seek(video: _Video, t: float) -> _Cursor:
     """A cursor whose first frame is at or before `t`, so that the frame nearest `t` is ahead of it.
 
     Seeking goes by decode time: where frames are reordered (B-frames), the keyframe found can
@@ -190,7 +196,7 @@ def _seek(video, t):
         start = video.keyframe_before(start, inclusive=False) or 0
 
 
-def _read_frames(path, times, tolerance):
+def _read_frames(path: str, times: Sequence[float], tolerance: float) -> np.ndarray:
     video = _video(path)
     picked, cursor = {}, None
     for t in sorted(set(times)):

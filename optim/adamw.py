@@ -60,7 +60,7 @@ def adamw_group_step(optimizer_state: Mapping[torch.Tensor, dict[str, Any]], gro
 def keep_kernel(optimizer: torch.optim.Optimizer, fused_adamw: bool) -> torch.optim.Optimizer:
     """For a torch.optim.AdamW: before every step, restore the run's kernel choice (a loaded
     state dict brings the saved one) and place the step counters for it."""
-    def hook(opt, args, kwargs):
+    def hook(opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         for group in opt.param_groups:
             group.update(kernel_args(fused_adamw), foreach=None)
             for p in group["params"]:

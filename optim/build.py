@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 import torch
 import torch.distributed as tdist
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from optim.adamw import kernel_args, keep_kernel
 from optim.config import OPTIMIZERS, MuonConfig
@@ -17,15 +17,15 @@ logger = logging.getLogger(__name__)
 _ARGUMENT = {"momentum": "muon_momentum", "include": "muon_include", "exclude": "muon_exclude"}
 
 
-def muon_arguments(muon_cfg: Any) -> dict[str, Any]:
+def muon_arguments(muon_cfg: DictConfig | MuonConfig) -> dict[str, Any]:
     """MuonAdamW's Muon arguments from a `training.muon` section (DictConfig or MuonConfig)."""
-    def plain(value):  # lists arrive as OmegaConf ListConfig from a DictConfig
+    def plain(value: Any) -> Any:  # lists arrive as OmegaConf ListConfig from a DictConfig
         return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
     return {_ARGUMENT.get(f.name, f.name): plain(getattr(muon_cfg, f.name)) for f in dataclasses.fields(MuonConfig)}
 
 
-def build_optimizer(named_parameters: Iterable[tuple[str, torch.nn.Parameter]], training_cfg: Any, world_size: int,
+def build_optimizer(named_parameters: Iterable[tuple[str, torch.nn.Parameter]], training_cfg: DictConfig, world_size: int,
                     fused_adamw: bool = False) -> torch.optim.Optimizer:
     """MuonAdamW or torch.optim.AdamW from `cfg.training`; groups carry "name" and "initial_lr".
 

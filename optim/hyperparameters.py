@@ -8,14 +8,18 @@ options of the freshly built groups (built from the YAML) before it loads a chec
 them back afterwards (`train.engine.Engine.load`). The state (moments, momentum buffers, step
 counts) is untouched.
 """
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
 
 
-def group_options(optimizer):
+def group_options(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """Every param group's options (all but its tensors), in group order."""
     return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
 
 
-def apply_group_options(optimizer, options):
+def apply_group_options(optimizer: torch.optim.Optimizer, options: Sequence[Mapping[str, Any]]) -> None:
     """Set the options taken by `group_options` on `optimizer`'s groups (the same groups, by name)."""
     groups = optimizer.param_groups
     names = [g.get("name") for g in groups]

@@ -116,7 +116,7 @@ class MuonAdamW(torch.optim.Optimizer):
             lines.append(f"{g['name']}: {len(members)} tensors, {numel:,} parameters, lr {g['initial_lr']:.3g}{scale}")
         return lines
 
-    def _is_flat(self, group):
+    def _is_flat(self, group: dict[str, Any]) -> bool:
         # Flat: a ZeRO partition. DeepSpeed's ZeRO-0 bf16 (unfused) optimizer hands per-tensor
         # fp32 copies instead: same shapes, so the direct path.
         params, own = group["params"], self._members[group["name"]]
@@ -147,12 +147,12 @@ class MuonAdamW(torch.optim.Optimizer):
             self.plans[group["name"]] = plan
         return plan
 
-    def _flat_muon_step(self, group):
+    def _flat_muon_step(self, group: dict[str, Any]) -> None:
         x = group["params"][0]
         if x.grad is not None:
             self.flat_step(x, momentum_update(self.state[x], x.grad, group), group, self.plan(group))
 
-    def _direct_muon_step(self, group):
+    def _direct_muon_step(self, group: dict[str, Any]) -> None:
         params, stacks = [], []
         for p in group["params"]:
             if p.grad is not None:
@@ -163,19 +163,20 @@ class MuonAdamW(torch.optim.Optimizer):
             p.add_(o.reshape(p.shape), alpha=-muon_lr(group, o.shape))
 
 
-def _balanced(members, ns_steps, world_size):
+def _balanced(members: Sequence[tuple[str, torch.nn.Parameter]], ns_steps: int,
+              world_size: int) -> list[tuple[str, torch.nn.Parameter]]:
     order = balanced_order([p.numel() for _, p in members], [matrix_cost(p.shape, ns_steps) for _, p in members],
                            world_size)
     return [members[k] for k in order]
 
 
-def _dtype_name(ns_dtype):
+def _dtype_name(ns_dtype: str | torch.dtype) -> str:
     for name, dtype in DTYPES.items():
         if ns_dtype in (name, dtype):
             return name
     raise ValueError(f"ns_dtype is {ns_dtype!r}; expected one of {', '.join(DTYPES)}")
 
 
-def _check_choice(key, value, allowed):
+def _check_choice(key: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ValueError(f"{key} is {value!r}; expected one of {', '.join(allowed)}")

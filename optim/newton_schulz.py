@@ -69,7 +69,7 @@ def orthogonalize(stack: torch.Tensor, coefficients: Sequence[float], steps: int
     return x.mT if tall else x
 
 
-def _gram_iterations(x, a, b, c, steps):
+def _gram_iterations(x: torch.Tensor, a: float, b: float, c: float, steps: int) -> torch.Tensor:
     """The same polynomial iteration written on R = X X^T (n x n, n < m).
 
     X_{k+1} = P_k X_k with P_k = aI + bR_k + cR_k^2, so X_k = Q_k X_0 with

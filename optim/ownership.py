@@ -71,7 +71,7 @@ def assign_owners(pieces: Sequence[Sequence[Any]], costs: Sequence[int],
     return owners, loads
 
 
-def _packed_order(numels, costs, world_size):
+def _packed_order(numels: Sequence[int], costs: Sequence[int], world_size: int) -> list[int]:
     size = partition_size(sum(numels), world_size)
     bins: list[list[int]] = [[] for _ in range(world_size)]
     room, load, leftover = [size] * world_size, [0] * world_size, []

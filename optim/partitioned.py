@@ -70,7 +70,7 @@ class FlatMuonPlan:
                         for (name, p), own, owner in zip(members, pieces, owners)]
         self._layout()
 
-    def _layout(self):
+    def _layout(self) -> None:
         me = self.rank
         self.local = [e for e in self.entries if len(e.pieces) == 1 and e.owner == me]
         self.straddlers = [e for e in self.entries if len(e.pieces) > 1]
@@ -96,7 +96,8 @@ class FlatMuonPlan:
         return sum(self.send_splits) + sum(self.recv_splits)
 
 
-def _gather_fragments(members, device, group, world):
+def _gather_fragments(members: Sequence[tuple[str, torch.Tensor]], device: torch.device,
+                      group: tdist.ProcessGroup | None, world: int) -> list[list[list[int]]]:
     """[rank][tensor] -> (start in tensor, numel, start in that rank's partition); numel 0: no piece."""
     rows = [fragment(p) or (0, 0, 0) for _, p in members]
     local = torch.tensor(rows, dtype=torch.int64).reshape(len(members), 3).to(device)  # one copy to the device
@@ -154,7 +155,7 @@ def owner_step(x: torch.Tensor, u: torch.Tensor, group: dict[str, Any], plan: Fl
             offset += piece.numel
 
 
-def _pack(flat, pieces, dtype):
+def _pack(flat: torch.Tensor, pieces: Sequence[Piece], dtype: torch.dtype) -> torch.Tensor:
     if not pieces:
         return torch.empty(0, dtype=dtype, device=flat.device)
     return torch.cat([flat.narrow(0, piece.offset, piece.numel) for piece in pieces]).to(dtype)

@@ -17,15 +17,17 @@ import os
 from typing import Any, Iterable, Sequence
 
 import torch
+from omegaconf import DictConfig
 
 from optim.build import muon_arguments
+from optim.config import MuonConfig
 from optim.muon_adamw import MuonAdamW
 from optim.newton_schulz import DTYPES, matrix_cost
 from optim.ownership import assign_owners, predicted_pieces
 from optim.routing import matrix_view
 
 
-def muon_plan(named_parameters: Iterable[tuple[str, torch.nn.Parameter]], muon_cfg: Any,
+def muon_plan(named_parameters: Iterable[tuple[str, torch.nn.Parameter]], muon_cfg: DictConfig | MuonConfig,
               world_size: int) -> dict[str, Any]:
     """Newton-Schulz flops per rank and Muon's extra elements per rank at `world_size` ranks,
     for the Muon groups of MuonAdamW(named_parameters, **training.muon, world_size=W)."""
@@ -67,7 +69,7 @@ def zero2_step(flops_per_rank: float, trainable: int, world_size: int, grad_byte
     return flops_per_rank / peak_flops, comm / bandwidth
 
 
-def plan_rows(cfg: Any, named: list[tuple[str, torch.nn.Parameter]], tokens: dict[str, int], flops_per_sample: float,
+def plan_rows(cfg: DictConfig, named: list[tuple[str, torch.nn.Parameter]], tokens: dict[str, int], flops_per_sample: float,
               world_sizes: Sequence[int], tflops: float, mfu: float,
               bandwidth_gbs: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One row per world size: the Muon plan against the predicted ZeRO-2 step (see module docstring).

@@ -51,7 +51,7 @@ def matrix_view(shape: Sequence[int]) -> tuple[int, int, int]:
     return 1, shape[0], rest
 
 
-def _compile(patterns, what):
+def _compile(patterns: Iterable[str], what: str) -> list[re.Pattern[str]]:
     out = []
     for p in patterns:
         try:

@@ -66,7 +66,7 @@ POSITIVE_INTS = (
 DERIVED = {"common.action_chunk_size": "num_video_frames * video_action_freq_ratio"}
 
 
-def _check_speed(cfg, source):
+def _check_speed(cfg: DictConfig, source: str) -> None:
     """Switch combinations that cannot work together (TRAINING.md, "Speed switches")."""
     sp = cfg.system.speed
     require(source, sp.bucket_cap_mb is None or sp.bucket_cap_mb > 0, "system.speed.bucket_cap_mb",
@@ -92,7 +92,7 @@ def _check_speed(cfg, source):
                           "or tf32=true")
 
 
-def _check_values(cfg, source):
+def _check_values(cfg: DictConfig, source: str) -> None:
     """Every rule on one field or between fields; the first broken one raises."""
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
@@ -158,7 +158,7 @@ def _check_values(cfg, source):
                 "3 observation keys (head, left wrist, right wrist cameras) with dataset.frame_layout robotwin")
 
 
-def _check_serving(sv, source):
+def _check_serving(sv: DictConfig, source: str) -> None:
     keys = list(sv.image_keys) + [sv.state_key, sv.prompt_key]
     require(source, len(sv.image_keys) > 0, "serving.image_keys", list(sv.image_keys),
             "at least one observation key (one per recipe camera)")

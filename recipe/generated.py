@@ -6,8 +6,10 @@ reads a recipe's parts (conversion, export, caching, evaluation, serving, the be
 """
 from typing import Any
 
+from omegaconf import DictConfig
 
-def ensure_generated_inputs(cfg: Any, dataset: bool = True) -> None:
+
+def ensure_generated_inputs(cfg: DictConfig, dataset: bool = True) -> None:
     """Make the recipe's generated inputs where they are missing or outdated, exactly as training does
     (the same files, so neither rebuilds what the other made); a no-op for real data and weights.
     `dataset` False: a command that reads only the model's parts (conversion, export, inference) gets

@@ -40,7 +40,7 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def collective_device(group=None):
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """The device whose tensors the process group `group` (default: the world) can reduce: the CPU
     when it has a CPU backend (gloo, or "cpu:gloo,cuda:nccl"), else this process's current accelerator
     device: the one accelerate set (`torch.cuda.set_device(LOCAL_RANK % device_count)`), which is not

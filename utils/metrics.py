@@ -12,9 +12,11 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from omegaconf import DictConfig
 
 from utils.wandb_setup import init_wandb
 
@@ -48,7 +50,7 @@ def rewind_metrics(path: str, step: int) -> None:
 class Metrics:
     """Writes one JSON object per logged step and mirrors it, and every picture, to TensorBoard and wandb."""
 
-    def __init__(self, cfg: Any, run_dir: str, enabled: bool, start_step: int, report_to: str) -> None:
+    def __init__(self, cfg: DictConfig, run_dir: str, enabled: bool, start_step: int, report_to: str) -> None:
         self.enabled = enabled
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.tb: Any = None  # a SummaryWriter
@@ -87,11 +89,11 @@ class Metrics:
         if self.wandb:
             self._try("wandb", self.wandb.log, flat, step=step)
 
-    def _tb_scalars(self, step, flat):
+    def _tb_scalars(self, step: int, flat: dict[str, float]) -> None:
         for k, v in flat.items():
             self.tb.add_scalar(k, v, step)
 
-    def _try(self, sink, write, *args, **kwargs):
+    def _try(self, sink: str, write: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
         """write(*args, **kwargs), True if it worked. An OSError (a full disk, an I/O error) is warned about once and
         swallowed: only rank 0 writes metrics, and a rank 0 that died here would leave the others
         waiting in their next collective until the timeout, losing the run over a log line."""
@@ -129,7 +131,7 @@ class Metrics:
             self._try("wandb", lambda: self.wandb.log({name: wandb.Image(pic) for name, pic in pictures.items()},
                                                       step=step))
 
-    def _tb_images(self, step, pictures):
+    def _tb_images(self, step: int, pictures: dict[str, np.ndarray]) -> None:
         for name, pic in pictures.items():
             self.tb.add_image(name, pic, step, dataformats="HWC")
 
@@ -148,7 +150,7 @@ class Metrics:
             self._try("wandb", lambda: self.wandb.log(
                 {name: wandb.Video(io.BytesIO(encode_mp4(frames, fps)), format="mp4")}, step=step))
 
-    def _tb_video(self, step, name, frames, fps):
+    def _tb_video(self, step: int, name: str, frames: np.ndarray, fps: float) -> None:
         try:
             import moviepy.editor  # noqa: F401  (what TensorBoard's add_video needs)
         except ImportError:
@@ -259,7 +261,7 @@ def progress_line(step: int, total: int, record: dict[str, Any], eta: float | No
     return " ".join(parts)
 
 
-def _numpy(x):
+def _numpy(x: Any) -> np.ndarray:  # a tensor (anything with .detach) or array-like
     return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
 
 

@@ -13,6 +13,8 @@ import re
 import secrets
 from typing import Any
 
+from omegaconf import DictConfig
+
 log = logging.getLogger(__name__)
 
 # logging.wandb_* key -> the wandb setting and environment variable it overrides when set.
@@ -25,11 +27,11 @@ class WandbLoginError(RuntimeError):
     """An online wandb run was asked for, but this machine has no W&B credentials."""
 
 
-def uses_wandb(logging_cfg: Any) -> bool:
+def uses_wandb(logging_cfg: DictConfig) -> bool:
     return logging_cfg.report_to in ("wandb", "all")
 
 
-def wandb_settings(logging_cfg: Any) -> Any:
+def wandb_settings(logging_cfg: DictConfig) -> Any:
     """wandb's own settings (environment, settings files, defaults) with the YAML's values on top."""
     from wandb.sdk import wandb_setup
 
@@ -41,7 +43,7 @@ def wandb_settings(logging_cfg: Any) -> Any:
     return settings
 
 
-def source(logging_cfg: Any, key: str, value: Any) -> str:
+def source(logging_cfg: DictConfig, key: str, value: Any) -> str:
     """Where wandb's value for `logging.<key>` comes from: the YAML, its environment variable, or wandb."""
     env = KEYS[key][1]
     if getattr(logging_cfg, key) is not None:
@@ -50,7 +52,7 @@ def source(logging_cfg: Any, key: str, value: Any) -> str:
     return env if os.environ.get(env) else f"wandb's default or settings file; {env} is not set"
 
 
-def describe(logging_cfg: Any, settings: Any) -> str:
+def describe(logging_cfg: DictConfig, settings: Any) -> str:
     """One line saying each setting's value and where it came from, e.g. `mode offline (WANDB_MODE),
     project motus (logging.wandb_project), entity None (...)`; None lets wandb choose (its default
     project, your default entity)."""
@@ -58,7 +60,7 @@ def describe(logging_cfg: Any, settings: Any) -> str:
                      for key, (name, _) in KEYS.items())
 
 
-def check_wandb_login(logging_cfg: Any) -> None:
+def check_wandb_login(logging_cfg: DictConfig) -> None:
     """Raise WandbLoginError if an online wandb run is asked for and this machine has no credentials.
 
     Run on every rank (under dist.fail_together): only rank 0 logs to wandb, but whichever rank
@@ -69,7 +71,7 @@ def check_wandb_login(logging_cfg: Any) -> None:
         require_credentials(logging_cfg)
 
 
-def require_credentials(logging_cfg: Any) -> None:
+def require_credentials(logging_cfg: DictConfig) -> None:
     """Raise WandbLoginError if these settings make an online run and no credentials are found."""
     from wandb.errors import AuthenticationError
     from wandb.sdk.lib import wbauth
@@ -112,7 +114,7 @@ def run_id(run_dir: str, stem: str) -> str:
     return new_id
 
 
-def init_wandb(cfg: Any, run_dir: str) -> Any:
+def init_wandb(cfg: DictConfig, run_dir: str) -> Any:
     """Start (or continue) this run folder's wandb run on rank 0; files go under {run_dir}/wandb/."""
     import wandb
     from omegaconf import OmegaConf
