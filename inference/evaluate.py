@@ -13,7 +13,8 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,11 +26,18 @@ from inference.load import CheckpointError, load_checkpoint
 from inference.metrics import ACTION_MODES, MODES, VIDEO_MODES
 from inference.policy import Policy
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from data.dataset import EpisodeDataset
+    from data.episodes import Episode
+    from data.normalize import NormStats
+
 log = logging.getLogger("evaluate")
 
 
 
-def eval_dataset(cfg, stats, dataset_dir=None):
+def eval_dataset(cfg: "DictConfig", stats: "NormStats", dataset_dir: str | None = None) -> "EpisodeDataset":
     """The held-out episodes of the recipe's dataset (or every episode of `dataset_dir`), normalised with
     the checkpoint's statistics, as an EpisodeDataset with raw video (a latent cache is not used)."""
     from data.build import BadEpisodes, check_dims, load_episodes, split
@@ -55,13 +63,13 @@ def eval_dataset(cfg, stats, dataset_dir=None):
                           stats, dcfg.instruction, frame_layout=dcfg.frame_layout)
 
 
-def sample_seed(seed, episode, frame):
+def sample_seed(seed: int, episode: "Episode", frame: int) -> int:
     """One noise seed per sample from (--seed, source, episode, frame): independent of batching."""
     return int(np.random.SeedSequence([seed, episode.source, episode.index, frame]).generate_state(1)[0])
 
 
 @torch.no_grad()
-def run(policy: Policy, dataset: Any, windows: list[tuple[int, int]], modes: list[str], seed: int,
+def run(policy: Policy, dataset: "EpisodeDataset", windows: list[tuple[int, int]], modes: list[str], seed: int,
         batch_size: int, num_steps: int | None = None) -> dict[str, np.ndarray]:
     """Predictions of every mode on every window, gathered on the CPU."""
     from data.stream import collate
@@ -89,12 +97,12 @@ def run(policy: Policy, dataset: Any, windows: list[tuple[int, int]], modes: lis
     return {k: np.concatenate(v) for k, v in got.items() if v}
 
 
-def figures(got, modes, mean_action):
+def figures(got: dict[str, np.ndarray], modes: Sequence[str], mean_action: Sequence[float]) -> dict[str, Any]:
     """Every figure of the report from the gathered predictions."""
     true = got["true_actions"]
-    out = {"baselines": metrics.baselines(true, got["last_actions"], mean_action), "modes": {}}
+    out: dict[str, Any] = {"baselines": metrics.baselines(true, got["last_actions"], mean_action), "modes": {}}
     for mode in modes:
-        entry = {}
+        entry: dict[str, metrics.Errors] = {}
         if mode in ACTION_MODES:
             entry["actions"] = metrics.action_errors(got[f"{mode}/actions"], true)
         if mode in VIDEO_MODES:
@@ -108,7 +116,7 @@ def figures(got, modes, mean_action):
     return out
 
 
-def parse_modes(text):
+def parse_modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
@@ -116,7 +124,7 @@ def parse_modes(text):
     return modes
 
 
-def parse_args(argv=None):
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="a checkpoint_step_N folder, a run folder or an export")
     p.add_argument("--config", default=None, help="a recipe YAML replacing the checkpoint's config")
@@ -137,7 +145,7 @@ def parse_args(argv=None):
     return p.parse_intermixed_args(argv)
 
 
-def evaluate(args):
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from inference.report import write_report
 
     modes = parse_modes(args.modes)
@@ -162,7 +170,7 @@ def evaluate(args):
     return report
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from data.errors import DataError

@@ -14,16 +14,23 @@ import glob
 import hashlib
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from checkpoint.checkpointer import PREFIX, resolve_resume_path
 from checkpoint.export import CONFIG_YAML, NORM_STATS, model_spec_from_config
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, inference_weights
 from checkpoint.manifest import CheckpointCorrupt
 from models.serialization import CONFIG_NAME, ModelLoadError, read_config
+
+if TYPE_CHECKING:
+    from data.normalize import NormStats
+    from models.encoders import FrozenEncoders
+    from models.world_model import WorldModel
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +41,13 @@ class CheckpointError(RuntimeError):
 
 @dataclass
 class Loaded:
-    model: torch.nn.Module
+    model: "WorldModel"
     """The WorldModel in eval mode on `device`."""
-    encoders: object
+    encoders: "FrozenEncoders"
     """FrozenEncoders on `device`."""
-    stats: object
+    stats: "NormStats"
     """NormStats the model was trained with."""
-    cfg: object
+    cfg: DictConfig
     """The recipe config (read-only)."""
     checkpoint: str
     """The resolved folder the weights came from."""
@@ -49,16 +56,16 @@ class Loaded:
     """The weight set loaded: "ema" (the moving average, training.ema) or "raw"."""
 
     @property
-    def config_hash(self):
+    def config_hash(self) -> str:
         return config_hash(self.cfg)
 
 
-def config_hash(cfg):
+def config_hash(cfg: DictConfig) -> str:
     """First 16 hex digits of the sha256 of the resolved config as sorted YAML."""
     return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def resolve_checkpoint(path):
+def resolve_checkpoint(path: str) -> str:
     """A run folder -> its newest complete checkpoint that passes verification, by the rule
     `resume.checkpoint_path=auto` follows (checkpoint.checkpointer.resolve_resume_path); a
     checkpoint folder -> itself, if complete and whole; an exported folder -> itself."""
@@ -80,7 +87,7 @@ def resolve_checkpoint(path):
     return found
 
 
-def _exported_config(folder, overrides):
+def _exported_config(folder: str, overrides: Iterable[str]) -> tuple[DictConfig, dict[str, Any]]:
     """An exported folder's config.json `model` and `common` sections as a full recipe config."""
     import tempfile
 
@@ -98,7 +105,8 @@ def _exported_config(folder, overrides):
         os.remove(f.name)
 
 
-def load_recipe(folder, config=None, overrides=()):
+def load_recipe(folder: str, config: str | None = None,
+                overrides: Iterable[str] = ()) -> tuple[DictConfig, dict[str, Any]]:
     """(the recipe config, the architecture spec) for a resolved checkpoint folder."""
     from recipe.config import load_config
     from recipe.generated import ensure_generated_inputs
@@ -115,7 +123,7 @@ def load_recipe(folder, config=None, overrides=()):
     return cfg, spec
 
 
-def load_stats(folder):
+def load_stats(folder: str) -> "NormStats":
     from data.normalize import NormStats
 
     path = os.path.join(folder, NORM_STATS)
@@ -125,7 +133,7 @@ def load_stats(folder):
     return NormStats.load(path)
 
 
-def build_model(spec, weights, folder):
+def build_model(spec: dict[str, Any], weights: dict[str, torch.Tensor], folder: str) -> "WorldModel":
     from accelerate import init_empty_weights
 
     from models.world_model import WorldModel
@@ -140,7 +148,8 @@ def build_model(spec, weights, folder):
     return model
 
 
-def load_checkpoint(path, config=None, overrides=(), device="cpu", weights=None):
+def load_checkpoint(path: str, config: str | None = None, overrides: Iterable[str] = (),
+                    device: str | torch.device = "cpu", weights: str | None = None) -> Loaded:
     """Everything inference needs from `path` (see the module docstring) -> Loaded. `weights`: "ema",
     "raw" or None (the EMA weights when the checkpoint has them, else the raw ones; logged)."""
     from models.build import ALL_FROZEN_PARTS, build_encoders

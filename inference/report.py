@@ -1,27 +1,35 @@
 """Write an evaluation: report.json, report.md with its PNG plots, and per-sample media."""
 import json
 import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from omegaconf import DictConfig
+
+    from inference.load import Loaded
 
 MEDIA_FPS = 4  # a window holds a handful of frames: slow enough to follow
 MEDIA_SCALE = 4  # nearest-neighbour upscaling of the tiny frames, so a player shows them at a visible size
 
 
-def _save(fig, path):
+def _save(fig: "Figure", path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plots(report, out):
+def plots(report: dict[str, Any], out: str) -> dict[str, str]:
     """The report's curves as PNG files in `out`; returns {name: file name}."""
     from models.report import curve_figure
 
     action_modes = {m: e["actions"] for m, e in report["modes"].items() if "actions" in e}
     video_modes = {m: e["video"] for m, e in report["modes"].items() if "video" in e}
-    made = {}
+    made: dict[str, str] = {}
     if action_modes:
         rows = {**action_modes, **{f"baseline: {k}": v for k, v in report["baselines"].items()}}
         for key, xlabel in (("mse_per_step", "step of the action chunk"), ("mse_per_dim", "action dimension")):
@@ -38,7 +46,7 @@ def plots(report, out):
     return made
 
 
-def media(got, modes, out, count):
+def media(got: dict[str, np.ndarray], modes: Sequence[str], out: str, count: int) -> list[str]:
     """For the first `count` samples: true | predicted mp4 per video mode, true vs predicted action PNG per
     action mode. Returns the written file names."""
     import torch
@@ -70,11 +78,11 @@ def media(got, modes, out, count):
     return written
 
 
-def _fmt(x):
+def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def markdown(report, made, written):
+def markdown(report: dict[str, Any], made: dict[str, str], written: list[str]) -> str:
     lines = [f"# Evaluation of `{report['checkpoint']}`", "",
              f"config hash `{report['config_hash']}`, seed {report['seed']}, {report['num_samples']} samples from "
              f"{report['num_episodes']} episodes ({report['dataset']}), "
@@ -104,9 +112,9 @@ def markdown(report, made, written):
     return "\n".join(lines)
 
 
-def scalars(report):
+def scalars(report: dict[str, Any]) -> dict[str, float]:
     """The report's headline numbers as flat `eval/...` scalars (for TensorBoard and wandb)."""
-    flat = {}
+    flat: dict[str, float] = {}
     for mode, entry in report["modes"].items():
         for kind, values in entry.items():
             flat.update({f"eval/{mode}/{kind}_{k}": v for k, v in values.items() if isinstance(v, float)})
@@ -115,7 +123,7 @@ def scalars(report):
     return flat
 
 
-def log_to(report_to, cfg, out, report, made):
+def log_to(report_to: str, cfg: "DictConfig", out: str, report: dict[str, Any], made: dict[str, str]) -> None:
     from PIL import Image
 
     from utils.metrics import Metrics
@@ -128,7 +136,8 @@ def log_to(report_to, cfg, out, report, made):
     metrics.close()
 
 
-def write_report(report, got, modes, out, count, loaded, report_to="none"):
+def write_report(report: dict[str, Any], got: dict[str, np.ndarray], modes: Sequence[str], out: str, count: int,
+                 loaded: "Loaded", report_to: str = "none") -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=2, sort_keys=True)

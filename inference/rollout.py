@@ -26,17 +26,22 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from inference import rollout_report
-from inference.rollout_episode import ARMS, EpisodeError, Plan, close_worker, init_worker, run_episode
+from inference.rollout_episode import ARMS, Episode, EpisodeError, Plan, close_worker, init_worker, run_episode
 from inference.rollout_server import RolloutError, ServerProcess, observation_roles
+
+if TYPE_CHECKING:
+    from data.sim_env import SimTask
 
 log = logging.getLogger("rollout")
 
 DEFAULT_VIDEOS = 2
 
 
-def parse_args(argv=None):
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", required=True, help="a data.sim_env task: transfer_cube, insertion or pusht")
     policy = p.add_mutually_exclusive_group(required=True)
@@ -56,7 +61,7 @@ def parse_args(argv=None):
     return p.parse_intermixed_args(argv)
 
 
-def check_args(args, task):
+def check_args(args: argparse.Namespace, task: "SimTask") -> tuple[list[int], list[str]]:
     """The run's seeds and baselines; RolloutError / SimTaskError for values that cannot work."""
     from data.sim_env import EVAL_SEEDS, check_seeds
 
@@ -93,13 +98,13 @@ def check_args(args, task):
     return seeds, names
 
 
-def check_out(out):
+def check_out(out: str) -> None:
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise RolloutError(f"--out '{out}' exists and is not an empty folder; choose a new folder (nothing "
                            "of yours is overwritten)")
 
 
-def connect(uri, where):
+def connect(uri: str, where: str) -> dict[str, Any]:
     """The server's metadata (one connection through openpi-client, closed again); `where` names the server."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
     from websockets.exceptions import WebSocketException
@@ -113,7 +118,7 @@ def connect(uri, where):
     return meta
 
 
-def run_episodes(plan, jobs, workers):
+def run_episodes(plan: Plan, jobs: list[tuple[str, int, str | None]], workers: int) -> list[Episode]:
     """jobs: [(arm, seed, video path or None)] -> Episodes in job order. One worker runs in this process
     (debuggable, and what tests monkeypatch); more run in spawned processes, each with its own env."""
     if workers == 1:
@@ -141,7 +146,7 @@ def run_episodes(plan, jobs, workers):
     return done
 
 
-def rollout(args, tmp, argv):
+def rollout(args: argparse.Namespace, tmp: str, argv: list[str]) -> dict[str, Any]:
     """Run everything into the folder `tmp`; returns the report. `argv`: the command line, for the report."""
     from data.sim_env import get_task
 
@@ -194,7 +199,7 @@ def rollout(args, tmp, argv):
     return report
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from data.sim_env import SimTaskError

@@ -15,9 +15,12 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from data.sim_env import SimTask
 
 ARMS = ("policy", "hold", "expert")
 VIDEO_MIN_SIDE = 240  # frames are upscaled (nearest, by an integer factor) so a player shows them at a visible size
@@ -54,27 +57,27 @@ class Episode:
     video: Optional[str] = None
 
     @property
-    def rest_s(self):
+    def rest_s(self) -> float:
         return max(self.wall_s - self.simulator_s - self.policy_s, 0.0)
 
 
 class _Clock:
     """Accumulates seconds spent in one kind of work."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.total = 0.0
 
-    def __enter__(self):
+    def __enter__(self) -> None:
         self.start = time.perf_counter()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.total += time.perf_counter() - self.start
 
 
 _worker: dict = {}  # this process's env and server connection, made once per worker
 
 
-def init_worker(plan: Plan, ignore_sigint: bool = True):
+def init_worker(plan: Plan, ignore_sigint: bool = True) -> None:
     """Pool initializer: the env is created here, inside the worker (MuJoCo's EGL context is per process)."""
     if ignore_sigint:  # Ctrl-C is the parent's to handle: it stops the pool, the server and cleans up
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -89,7 +92,7 @@ def init_worker(plan: Plan, ignore_sigint: bool = True):
         _worker["client"] = WebsocketClientPolicy(plan.uri)
 
 
-def close_worker():
+def close_worker() -> None:
     """End this process's server connection and env (a pool worker's end with its process)."""
     if _worker.get("client") is not None:
         _worker["client"]._ws.close()  # openpi-client has no close()
@@ -163,7 +166,8 @@ def run_episode(arm: str, seed: int, video_path: Optional[str] = None) -> Episod
                    rewards, latencies, os.path.basename(video_path) if video_path else None)
 
 
-def _query(plan, task, image, state, latencies, clock, seed, t):
+def _query(plan: Plan, task: "SimTask", image: np.ndarray, state: np.ndarray, latencies: List[float], clock: _Clock,
+           seed: int, t: int) -> np.ndarray:
     values = {"image": image, "state": state, "prompt": task.instruction}
     obs = {key: values[role] for key, role in plan.send.items()}
     sent = time.perf_counter()
@@ -185,7 +189,7 @@ def _query(plan, task, image, state, latencies, clock, seed, t):
     return actions
 
 
-def _write_video(path, frames, fps):
+def _write_video(path: str, frames: List[np.ndarray], fps: float) -> None:
     from utils.video_file import VideoEncoder
 
     big = [upscale(f) for f in frames]

@@ -4,15 +4,19 @@ import json
 import math
 import os
 import shlex
-from typing import Dict, List
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Dict, List
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from inference.rollout_episode import Episode
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 PLOT = "rollout.png"
 
 
-def wilson_interval(successes: int, n: int, z: float = Z95):
+def wilson_interval(successes: int, n: int, z: float = Z95) -> list[float]:
     """The Wilson score interval of a binomial proportion: [low, high] (sound at 0 or n successes, where
     the normal approximation collapses to a point)."""
     if n <= 0:
@@ -24,7 +28,7 @@ def wilson_interval(successes: int, n: int, z: float = Z95):
     return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
-def summarise(episodes) -> dict:
+def summarise(episodes: Sequence["Episode"]) -> dict[str, Any]:
     """One arm's episodes (in seed order) -> its success rate, interval and rows."""
     n, wins = len(episodes), sum(e.success for e in episodes)
     latencies = [ms for e in episodes for ms in e.latencies_ms]
@@ -40,7 +44,7 @@ def summarise(episodes) -> dict:
     return out
 
 
-def time_split(episodes) -> dict:
+def time_split(episodes: Sequence["Episode"]) -> dict[str, float]:
     """Seconds of all episodes (summed over workers) spent in the simulator, the policy and the rest."""
     sim = sum(e.simulator_s for e in episodes)
     pol = sum(e.policy_s for e in episodes)
@@ -51,7 +55,7 @@ def time_split(episodes) -> dict:
             "rest_fraction": rest / total if total else 0.0}
 
 
-def plot(report, episodes: Dict[str, List], path):
+def plot(report: dict[str, Any], episodes: Dict[str, List["Episode"]], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,11 +90,11 @@ def plot(report, episodes: Dict[str, List], path):
     plt.close(fig)
 
 
-def _pct(x):
+def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def markdown(report) -> str:
+def markdown(report: dict[str, Any]) -> str:
     r = report
     lines = [f"# Closed-loop rollout: {r['task']} ({r['gym_id']})", "",
              f"Policy `{r['policy']['uri']}`, checkpoint `{r['policy'].get('checkpoint')}`, config hash "
@@ -126,7 +130,7 @@ def markdown(report) -> str:
     return "\n".join(lines)
 
 
-def write(folder, report, episodes):
+def write(folder: str, report: dict[str, Any], episodes: dict[str, list["Episode"]]) -> None:
     """report.json, report.md and the plot into `folder`."""
     plot(report, episodes, os.path.join(folder, PLOT))
     with open(os.path.join(folder, "report.json"), "w") as f:

@@ -12,9 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, Tuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Dict, Tuple
 
 from utils.dist import free_port
+
+if TYPE_CHECKING:
+    from data.sim_env import SimTask
 
 START_GUARD_S = 600  # loading a large checkpoint takes minutes; a server that never answers is a hang
 
@@ -23,7 +27,7 @@ class RolloutError(RuntimeError):
     """A rollout that cannot run as asked: the message names the value and what was expected."""
 
 
-def observation_roles(task, meta, where) -> Tuple[Dict[str, str], Tuple[int, int]]:
+def observation_roles(task: "SimTask", meta: dict[str, Any], where: str) -> Tuple[Dict[str, str], Tuple[int, int]]:
     """-> ({server key: "image" | "state" | "prompt"}, the (H, W) to render) for `task` against the
     server's metadata `meta`; RolloutError naming both sides when they do not fit. `where` names the server."""
     keys = meta.get("observation_keys")
@@ -65,18 +69,18 @@ class ServerProcess:
     """`python -m inference.serve --checkpoint PATH` on a free loopback port, its output in `log_path`;
     `start()` returns once it answers; `stop()` always ends it."""
 
-    def __init__(self, checkpoint, log_path, device="cpu", overrides=()):
+    def __init__(self, checkpoint: str, log_path: str, device: str = "cpu", overrides: Sequence[str] = ()) -> None:
         self.checkpoint, self.log_path = checkpoint, log_path
         self.port = free_port()
         self.cmd = [sys.executable, "-m", "inference.serve", "--checkpoint", checkpoint, "--host", "127.0.0.1",
                     "--port", str(self.port), "--device", device, *overrides]
-        self.proc = None
+        self.proc: subprocess.Popen[str] | None = None
 
     @property
-    def uri(self):
+    def uri(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    def start(self):
+    def start(self) -> str:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._log = open(self.log_path, "w")
@@ -97,7 +101,7 @@ class ServerProcess:
                                    f"{START_GUARD_S} s:\n{self.tail()}")
         return self.uri
 
-    def _copy_output(self, ready):
+    def _copy_output(self, ready: threading.Event) -> None:
         assert self.proc is not None and self.proc.stdout is not None  # started, with stdout=PIPE
         for line in self.proc.stdout:
             self._log.write(line)
@@ -105,11 +109,11 @@ class ServerProcess:
             if "serving on ws://" in line:
                 ready.set()
 
-    def tail(self, lines=15):
+    def tail(self, lines: int = 15) -> str:
         with open(self.log_path) as f:
             return "".join(f.readlines()[-lines:]).rstrip()
 
-    def stop(self):
+    def stop(self) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:

@@ -16,24 +16,50 @@ import asyncio
 import concurrent.futures
 import logging
 import sys
+import threading
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 from openpi_client import msgpack_numpy
 
 from checkpoint.finetune import WEIGHT_SETS
 from inference.load import CheckpointError, load_checkpoint
 from inference.policy import Policy
 
+if TYPE_CHECKING:
+    from websockets.asyncio.server import ServerConnection
+
 log = logging.getLogger("serve")
 
 
+class ServedPolicy(Protocol):
+    """What BatchingServer serves: inference.policy.Policy, or inference.constant_policy.ConstantPolicy."""
+
+    @property
+    def loaded(self) -> Any: ...  # anything with a `checkpoint` (a Loaded, or a stand-in), for the log line
+
+    def metadata(self) -> dict[str, Any]: ...
+
+    def check(self, obs: Any) -> Any: ...  # an untrusted observation -> what infer_checked takes; raises if bad
+
+    def infer_checked(self, checked: list[Any]) -> np.ndarray: ...
+
+
+Timing = dict[str, float]
+"""A request's server_timing: infer_ms, batch_size, total_ms."""
+Request = tuple[Any, "asyncio.Future[tuple[np.ndarray, Timing]]"]
+"""A checked observation waiting for its batch, and the future its (actions, timing) answer comes by."""
+
+
 class BatchingServer:
-    def __init__(self, policy, max_batch_size, batch_window_ms):
+    def __init__(self, policy: ServedPolicy, max_batch_size: int, batch_window_ms: float) -> None:
         self.policy, self.max_batch, self.window = policy, max_batch_size, batch_window_ms / 1000
-        self.queue: asyncio.Queue | None = None  # made inside the server's event loop (serve)
+        self.queue: asyncio.Queue[Request] | None = None  # made inside the server's event loop (serve)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)  # one model call at a time
 
-    async def handle(self, websocket):
+    async def handle(self, websocket: "ServerConnection") -> None:
         from websockets.exceptions import ConnectionClosed
 
         log.info("client %s connected", websocket.remote_address)
@@ -43,7 +69,7 @@ class BatchingServer:
             pass
         log.info("client %s disconnected", websocket.remote_address)
 
-    async def answer(self, websocket):
+    async def answer(self, websocket: "ServerConnection") -> None:
         await websocket.send(msgpack_numpy.packb(self.policy.metadata()))
         async for message in websocket:
             start = time.perf_counter()
@@ -55,7 +81,7 @@ class BatchingServer:
                 log.warning("malformed observation from %s: %s", websocket.remote_address, e)
                 await websocket.send(f"malformed observation: {e}")
                 continue
-            future = asyncio.get_running_loop().create_future()
+            future: asyncio.Future[tuple[np.ndarray, Timing]] = asyncio.get_running_loop().create_future()
             assert self.queue is not None
             await self.queue.put((checked, future))
             try:
@@ -66,7 +92,7 @@ class BatchingServer:
             timing["total_ms"] = (time.perf_counter() - start) * 1000
             await websocket.send(msgpack_numpy.packb({"actions": actions, "server_timing": timing}))
 
-    async def _collect(self):
+    async def _collect(self) -> list[Request]:
         """The first waiting request, then whatever else arrives within the batching window."""
         assert self.queue is not None
         items = [await self.queue.get()]
@@ -81,7 +107,7 @@ class BatchingServer:
                 break
         return items
 
-    async def batches(self):
+    async def batches(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             items = await self._collect()
@@ -100,7 +126,7 @@ class BatchingServer:
                 if not future.done():
                     future.set_result((actions[k], {"infer_ms": infer_ms, "batch_size": len(items)}))
 
-    async def serve(self, host, port, ready=None):
+    async def serve(self, host: str, port: int, ready: threading.Event | None = None) -> None:
         from websockets.asyncio.server import serve
 
         self.queue = asyncio.Queue()
@@ -116,7 +142,7 @@ class BatchingServer:
                 batcher.cancel()
 
 
-def parse_args(argv=None):
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="a checkpoint_step_N folder, a run folder or an export")
     p.add_argument("--config", default=None, help="a recipe YAML replacing the checkpoint's config")
@@ -130,7 +156,7 @@ def parse_args(argv=None):
     return p.parse_intermixed_args(argv)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from models.serialization import ModelLoadError

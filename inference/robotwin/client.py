@@ -8,6 +8,8 @@ The remote mode needs only numpy and openpi-client (with its websockets) in Robo
 environment; the in-process mode imports this repository (torch and the rest).
 """
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +23,7 @@ class PolicyError(Exception):
     """What the user must fix: the message names the address, key or value."""
 
 
-def check_metadata(meta, where):
+def check_metadata(meta: Mapping[str, Any], where: str) -> None:
     """The policy must take RoboTwin's cameras as composed by Motus and answer 14-D qpos chunks."""
     dim, keys, layout = meta.get("action_dim"), meta.get("image_keys") or [], meta.get("frame_layout")
     if dim != ACTION_DIM:
@@ -36,7 +38,7 @@ def check_metadata(meta, where):
                           "a finetune-mode checkpoint")
 
 
-def request(meta, observation, instruction):
+def request(meta: Mapping[str, Any], observation: dict[str, Any], instruction: str | None) -> dict[str, Any]:
     """RoboTwin's observation (TASK_ENV.get_obs()) + instruction -> the policy's observation dict."""
     cams = observation.get("observation", {}) if isinstance(observation, dict) else {}
     images = []
@@ -60,7 +62,7 @@ class RemotePolicy:
     """`inference.serve` at ws://host:port, through openpi-client's WebsocketClientPolicy, with one-line errors
     for an address where no server answers or one that speaks another protocol (robot-agnostic)."""
 
-    def __init__(self, address, timeout_s=30.0):
+    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
         from openpi_client import msgpack_numpy
         from openpi_client.websocket_client_policy import WebsocketClientPolicy
         from websockets.sync.client import connect
@@ -84,7 +86,7 @@ class RemotePolicy:
         host, _, port = self.uri.rpartition(":")
         self.client = WebsocketClientPolicy(host, int(port)) if port.isdigit() else WebsocketClientPolicy(self.uri)
 
-    def infer(self, obs):
+    def infer(self, obs: dict[str, Any]) -> np.ndarray:
         try:
             return np.asarray(self.client.infer(obs)["actions"], dtype=np.float32)
         except RuntimeError as e:  # the server's text answer: a malformed observation or a failed model call
@@ -96,7 +98,8 @@ class RemotePolicy:
 class LocalPolicy:
     """The checkpoint loaded in this process with the repository's inference code (Motus's way)."""
 
-    def __init__(self, checkpoint, repo=None, device="cuda", weights=None):
+    def __init__(self, checkpoint: str, repo: str | None = None, device: str = "cuda",
+                 weights: str | None = None) -> None:
         if repo:
             sys.path.insert(0, repo)
         try:
@@ -114,7 +117,7 @@ class LocalPolicy:
         self.policy = Policy(loaded)
         self.meta, self.where = self.policy.metadata(), f"checkpoint {checkpoint}"
 
-    def infer(self, obs):
+    def infer(self, obs: dict[str, Any]) -> np.ndarray:
         from inference.policy import ObservationError
         try:
             return self.policy.infer([obs])[0]
@@ -125,19 +128,19 @@ class LocalPolicy:
 class RoboTwinPolicy:
     """One policy query per `steps_per_query` actions (null: the whole chunk, as Motus)."""
 
-    def __init__(self, policy, steps_per_query=None):
+    def __init__(self, policy: RemotePolicy | LocalPolicy, steps_per_query: int | str | None = None) -> None:
         self.policy, self.meta = policy, policy.meta
         chunk = self.meta["action_shape"][0]
         self.steps = chunk if steps_per_query is None else int(steps_per_query)
         if not 1 <= self.steps <= chunk:
             raise PolicyError(f"steps_per_query is {steps_per_query}; expected null or 1..{chunk} (the action chunk)")
 
-    def actions(self, observation, instruction):
+    def actions(self, observation: dict[str, Any], instruction: str | None) -> np.ndarray:
         """float32 [steps, 14]: the next joint targets for TASK_ENV.take_action(..., action_type='qpos')."""
         return self.policy.infer(request(self.meta, observation, instruction))[:self.steps]
 
 
-def make_policy(args):
+def make_policy(args: Mapping[str, Any]) -> RoboTwinPolicy:
     """RoboTwinPolicy from deploy_policy.yml's keys (RoboTwin's usr_args or XPolicyLab's deploy config)."""
     server, steps = args.get("server"), args.get("steps_per_query")
     policy: RemotePolicy | LocalPolicy
