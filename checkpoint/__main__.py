@@ -8,13 +8,14 @@ import argparse
 import glob
 import os
 import sys
+from collections.abc import Sequence
 
 from checkpoint.checkpointer import (PREFIX, _step_of, complete_checkpoints, is_complete, quick_check, saved_health,
                                     verify)
 from checkpoint.zero import CheckpointConvertError, describe
 
 
-def _report(path):
+def _report(path: str) -> bool:
     """One line about checkpoint `path`; True when it is complete and whole."""
     if not is_complete(path):
         print(f"INCOMPLETE  {path}: no COMPLETE marker (an interrupted save; resume never loads it)")
@@ -23,15 +24,17 @@ def _report(path):
     if problems:
         print(f"FAILED      {path}:\n" + "\n".join(f"              {p}" for p in problems))
         return False
-    flags = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in saved_health(path).items())
+    health = saved_health(path) or {}  # verified: its manifest is readable
+    flags = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in health.items())
     print(f"OK          {path}: every file matches the manifest ({flags})")
     return True
 
 
-def verify_command(path):
+def verify_command(path: str) -> int:
     if _step_of(path) is not None:
         return 0 if _report(path) else 1
-    found = sorted(glob.glob(os.path.join(path, PREFIX + "*")), key=_step_of)
+    # a folder such as checkpoint_step_3.old has no step: it sorts first, and is not reported
+    found = sorted(glob.glob(os.path.join(path, PREFIX + "*")), key=lambda p: _step_of(p) or 0)
     if not found:
         print(f"{path}: neither a {PREFIX}N folder nor a run folder holding one")
         return 1
@@ -41,7 +44,7 @@ def verify_command(path):
     return 0 if all(ok) else 1
 
 
-def describe_command(path):
+def describe_command(path: str) -> int:
     if not os.path.isdir(os.path.join(path, "engine")):
         print(f"{path}: expected a {PREFIX}N folder with an engine/ subfolder", file=sys.stderr)
         return 1
@@ -54,7 +57,7 @@ def describe_command(path):
     return 0
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m checkpoint", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("verify", help="check sizes and checksums against the manifest").add_argument(

@@ -20,12 +20,14 @@ import logging
 import os
 import re
 import shutil
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast, overload
 
 import torch
+from omegaconf import DictConfig
 
 from checkpoint import disk
-from checkpoint.manifest import (MANIFEST, CheckpointCorrupt, check_digests, check_format, check_sizes,
+from checkpoint.manifest import (MANIFEST, CheckpointCorrupt, FileRecord, check_digests, check_format, check_sizes,
                                  digest_files, list_files, manifest_bytes, read_manifest, share)
 from checkpoint.state import PER_RANK_PATTERN, Registry
 from checkpoint.zero import shard_rank
@@ -35,29 +37,32 @@ PREFIX = "checkpoint_step_"
 MARKER = "COMPLETE"
 NOT_LISTED = (MANIFEST, MARKER)
 log = logging.getLogger("checkpoint")
+T = TypeVar("T")
+SaveFailure = tuple[int, int | None, str]
+"""How a save failed on one rank: (rank, errno or None, "ExceptionType: message")."""
 
 
 class CheckpointSaveError(RuntimeError):
     """A save failed on some rank; raised on every rank, after the partial save was removed."""
 
 
-def _step_of(path):
+def _step_of(path: str) -> int | None:
     m = re.fullmatch(PREFIX + r"(\d+)", os.path.basename(path.rstrip("/")))
     return int(m.group(1)) if m else None
 
 
-def is_complete(path):
+def is_complete(path: str) -> bool:
     return _step_of(path) is not None and os.path.isfile(os.path.join(path, MARKER))
 
 
-def complete_checkpoints(run_dir):
+def complete_checkpoints(run_dir: str) -> list[str]:
     """Complete checkpoints of a run, oldest first."""
     found = [p for p in glob.glob(os.path.join(run_dir, PREFIX + "*")) if is_complete(p)]
-    return sorted(found, key=_step_of)
+    return sorted(found, key=lambda p: _step_of(p) or 0)  # complete: every one has a step
 
 
 # --- verification --------------------------------------------------------------------------------
-def read_marker(path):
+def read_marker(path: str) -> tuple[int | None, str]:
     """(step, manifest digest) of a checkpoint, from its COMPLETE marker."""
     where = os.path.join(path, MARKER)
     with open(where, errors="replace") as f:
@@ -69,10 +74,11 @@ def read_marker(path):
             return _step_of(path), line.split()[1]
         if line.strip():
             raise CheckpointCorrupt(f"{where}: unexpected line {line.strip()[:40]!r} (the marker is damaged)")
-    check_format(where, "none named")  # every format this code reads names its manifest here
+    check_format(where, "none named")  # every format this code reads names its manifest here: this raises
+    raise AssertionError(f"{where}: check_format accepted a marker that names no manifest")
 
 
-def quick_check(path):
+def quick_check(path: str) -> tuple[dict[str, Any] | None, list[str]]:
     """(manifest or None when it cannot be read, problems) without reading the files' contents."""
     try:
         _, digest = read_marker(path)
@@ -82,7 +88,7 @@ def quick_check(path):
         return None, [str(e)]
 
 
-def verify(path, index=0, count=1):
+def verify(path: str, index: int = 0, count: int = 1) -> list[str]:
     """Problems of checkpoint `path` (empty: it is whole). With `count` readers, this one checksums
     its share of the files; call `verify_together` to have every rank check its own share."""
     manifest, problems = quick_check(path)
@@ -94,21 +100,21 @@ def verify(path, index=0, count=1):
         return [f"{path}: a file cannot be read ({e})"]
 
 
-def _gather(obj):
+def _gather(obj: T) -> list[T]:
     """`obj` of every rank, on every rank (a list), or [obj] without a process group."""
     if not torch.distributed.is_initialized():
         return [obj]
-    out = [None] * torch.distributed.get_world_size()
+    out: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(out, obj)
     return out
 
 
-def verify_together(path):
+def verify_together(path: str) -> list[str]:
     """Collective: every rank checksums a share of the files; all get every problem."""
     return sorted({p for problems in _gather(verify(path, dist.rank(), dist.world_size())) for p in problems})
 
 
-def saved_health(path):
+def saved_health(path: str) -> dict[str, bool] | None:
     """{"weights_finite", "loss_finite"} recorded at save time, or None when the manifest cannot be read."""
     manifest, _ = quick_check(path)
     return manifest["health"] if manifest else None
@@ -122,18 +128,18 @@ def saved_world_size(path: str) -> int:
     return int(manifest["world_size"])
 
 
-def _healthy(path):
+def _healthy(path: str) -> bool:
     """Weights and last loss finite at save time; a checkpoint without a readable record is not."""
     h = saved_health(path)
     return h is not None and h["weights_finite"] and h["loss_finite"]
 
 
-def _warn(message):
+def _warn(message: str) -> None:
     if dist.is_main():
         log.warning("%s", message)
 
 
-def newest_verified(run_dir):
+def newest_verified(run_dir: str) -> str | None:
     """Collective. The newest complete checkpoint that passes verification, preferring those whose
     weights and last loss were finite; None when the run has no complete checkpoint. Skipped ones
     are reported loudly; when none passes, CheckpointCorrupt says why for each."""
@@ -158,13 +164,18 @@ def newest_verified(run_dir):
     return None
 
 
-def resolve_resume_path(path, run_dir, key="resume.checkpoint_path"):
-    """Collective. `auto` -> newest verified checkpoint of this run (None if there is none); a run
+@overload
+def resolve_resume_path(path: str, run_dir: None, key: str = ...) -> str: ...
+@overload
+def resolve_resume_path(path: str | None, run_dir: str, key: str = ...) -> str | None: ...
+def resolve_resume_path(path: str | None, run_dir: str | None, key: str = "resume.checkpoint_path") -> str | None:
+    """Collective. `auto` -> newest verified checkpoint of run `run_dir` (None if there is none); a run
     folder -> its newest verified checkpoint; a checkpoint folder -> itself, if complete and whole.
+    Without a `run_dir` (an explicit path), `auto` is a folder of that name like any other.
     `key` names where the path came from in the errors (inference passes --checkpoint)."""
     if path is None:
         return None
-    if path == "auto":
+    if path == "auto" and run_dir is not None:
         return newest_verified(run_dir)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{key} '{path}' does not exist")
@@ -197,7 +208,7 @@ def seal(folder: str, step: int, files: dict[str, Any], health: dict[str, bool],
     disk.fsync_write(os.path.join(folder, MARKER), f"{step}\nmanifest {hashlib.sha256(raw).hexdigest()}\n")
 
 
-def _owner(rel):
+def _owner(rel: str) -> int:
     """The rank that wrote file `rel` of a checkpoint (it checksums it)."""
     m = re.search(PER_RANK_PATTERN + "$", rel)
     if m:
@@ -205,19 +216,19 @@ def _owner(rel):
     return shard_rank(os.path.basename(rel)) or 0
 
 
-def checkpoint_size(path):
+def checkpoint_size(path: str) -> int:
     return sum(os.path.getsize(os.path.join(path, rel)) for rel in list_files(path))
 
 
 class Checkpointer:
     """Saves and restores the registered parts of a run (checkpoint/state.py), crash-safe."""
 
-    def __init__(self, run_dir: str, cfg: Any) -> None:
+    def __init__(self, run_dir: str, cfg: DictConfig) -> None:
         """`cfg`: the run's config; its system.total_limit is the retention."""
         self.run_dir = run_dir
         self.cfg = cfg
 
-    def remove_interrupted_saves(self):
+    def remove_interrupted_saves(self) -> None:
         """Temporary folders of saves that were killed: never loadable, safe to delete (rank 0)."""
         if dist.is_main():
             for tmp in glob.glob(os.path.join(self.run_dir, f".tmp_{PREFIX}*")) + \
@@ -247,7 +258,7 @@ class Checkpointer:
             self.warn_if_short_of_space(step + 1, after=final)
         return final
 
-    def _together(self, step, tmp, fn, *args):
+    def _together(self, step: int, tmp: str, fn: Callable[..., T], *args: Any) -> list[T]:
         """Run `fn` on every rank; if it raises on any rank, every rank raises CheckpointSaveError
         (the gather is the agreement, and the barrier). Returns every rank's result."""
         try:
@@ -257,11 +268,11 @@ class Checkpointer:
         outcomes = _gather((result, error))
         errors = [e for _, e in outcomes if e is not None]
         if not errors:
-            return [r for r, _ in outcomes]
+            return [cast(T, r) for r, _ in outcomes]  # no rank failed: each returned its result
         message = self._failure_message(step, tmp, errors) if dist.is_main() else ""
         raise CheckpointSaveError(message)
 
-    def _failure_message(self, step, tmp, errors):
+    def _failure_message(self, step: int, tmp: str, errors: list[SaveFailure]) -> str:
         """Remove the partial save (rank 0) and say what happened, in one message."""
         written = checkpoint_size(tmp) if os.path.isdir(tmp) else 0
         shutil.rmtree(tmp, ignore_errors=True)
@@ -282,21 +293,22 @@ class Checkpointer:
         return (f"could not write {PREFIX}{step} to {self.run_dir} (rank {rank}: {text}); {kept}. "
                 "Resume with resume.checkpoint_path=auto once the file system is fixed")
 
-    def _prepare(self, tmp):
+    def _prepare(self, tmp: str) -> None:
         if dist.is_main():
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
 
-    def _write(self, tmp, parts):
+    def _write(self, tmp: str, parts: Registry) -> None:
         for name, part in parts:
             part.save(os.path.join(tmp, name))
 
-    def _digest_own(self, tmp):
+    def _digest_own(self, tmp: str) -> dict[str, FileRecord]:
         """Checksums of the files this rank wrote (its page cache holds them), all ranks at once."""
         rank = dist.rank()
         return digest_files(tmp, [rel for rel in list_files(tmp, NOT_LISTED) if _owner(rel) == rank])
 
-    def _commit(self, tmp, final, step, files, health):
+    def _commit(self, tmp: str, final: str, step: int, files: dict[str, FileRecord],
+                health: dict[str, bool]) -> None:
         if not dist.is_main():
             return
         seal(tmp, step, files, health, dist.world_size())
@@ -311,7 +323,7 @@ class Checkpointer:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(self.run_dir, "latest.tmp"))
 
-    def warn_if_short_of_space(self, step, after=None):
+    def warn_if_short_of_space(self, step: int, after: str | None = None) -> None:
         """Warn (rank 0) when the free space is less than the newest checkpoint's size."""
         if not dist.is_main():
             return
@@ -325,7 +337,7 @@ class Checkpointer:
                         "system.total_limit", disk.gb(free), disk.device_of(self.run_dir),
                         os.path.basename(found[-1]), disk.gb(needed), when)
 
-    def _protected(self, keep):
+    def _protected(self, keep: str) -> set[str]:
         """Never deleted: the checkpoint just written, and the newest whose weights and loss were finite
         and whose files are all there (or, when none, the newest whose weights were finite)."""
         found = complete_checkpoints(self.run_dir)[::-1]
@@ -333,7 +345,7 @@ class Checkpointer:
         good = [p for p in whole if _healthy(p)] or [p for p in whole if (saved_health(p) or {}).get("weights_finite")]
         return {keep, *good[:1]}
 
-    def _apply_retention(self, keep):
+    def _apply_retention(self, keep: str) -> None:
         """Keep the newest `total_limit` checkpoints (and the protected ones). A failure here is a
         warning: the new checkpoint is complete, and the next save tries again."""
         limit = self.cfg.system.total_limit

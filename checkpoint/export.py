@@ -20,7 +20,7 @@ import shutil
 import sys
 from typing import Any, Sequence
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from models.serialization import CONFIG_NAME, DEFAULT_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, ModelLoadError
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, read_weights
@@ -49,7 +49,7 @@ def parse_size(text: str) -> int:
     return size
 
 
-def model_spec_from_config(cfg: Any) -> dict[str, Any]:
+def model_spec_from_config(cfg: DictConfig) -> dict[str, Any]:
     """The spec `build_world_model` builds the WorldModel from, rebuilt from the run's config, plus
     the `common` section (action and state dims, frames, image size) for inference code."""
     from models.build import spec_from_config
@@ -59,7 +59,7 @@ def model_spec_from_config(cfg: Any) -> dict[str, Any]:
     return spec
 
 
-def _check_out_dir(out_dir, overwrite):
+def _check_out_dir(out_dir: str, overwrite: bool) -> None:
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         if not overwrite:
             raise ExportError(f"'{out_dir}' is not empty; pass --overwrite to replace an export there, "

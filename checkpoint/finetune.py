@@ -21,7 +21,8 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, List, Tuple
 
 import torch
 
@@ -30,6 +31,9 @@ from checkpoint.manifest import check_digests
 from checkpoint.zero import EMA_FILE, EMA_SHARD_FILE, CheckpointConvertError, ShardReader
 from models.convert_motus import MOTUS_LAYOUTS, MotusConvertError, convert_for_model, motus_states_file
 from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_config, read_state_dict
+
+if TYPE_CHECKING:
+    from models.world_model import WorldModel
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ class FinetuneReport:
     skipped: List[Tuple[str, tuple, tuple]] = field(default_factory=list)
     """(key, checkpoint shape, model shape) of keys skipped under allow_shape_mismatch."""
 
-    def summary(self):
+    def summary(self) -> str:
         lines = [f"fine-tune weights from {self.source}: {len(self.loaded)} tensors loaded"]
         if self.missing:
             lines.append(f"  missing (fresh init): {', '.join(self.missing)}")
@@ -67,7 +71,7 @@ class FinetuneReport:
         return "\n".join(lines)
 
 
-def _load_torch(path, key):
+def _load_torch(path: str, key: str) -> Any:  # whatever the file holds: its callers check
     try:
         # weights only: fine-tune paths may come from elsewhere, and these files hold only tensors
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
@@ -75,13 +79,13 @@ def _load_torch(path, key):
         raise FinetuneError(f"{key}: could not load '{path}': {e}") from e
 
 
-def has_ema(path):
+def has_ema(path: str) -> bool:
     """Whether `path` is a checkpoint folder that holds EMA weights."""
     engine = os.path.join(path, "engine")
     return any(os.path.isfile(os.path.join(engine, f)) for f in (EMA_FILE, EMA_SHARD_FILE.format(rank=0)))
 
 
-def read_ema(path, key):
+def read_ema(path: str, key: str) -> tuple[int, dict[str, torch.Tensor]]:
     """(EMA updates, {name: fp32 tensor}) of the trainable weights of checkpoint `path`."""
     engine = os.path.join(path, "engine")
     if not has_ema(path):
@@ -102,7 +106,7 @@ def read_ema(path, key):
         raise FinetuneError(f"{key}: {e}") from e
 
 
-def read_weights(path, key="finetune.checkpoint_path", weights="raw"):
+def read_weights(path: str, key: str = "finetune.checkpoint_path", weights: str = "raw") -> dict[str, torch.Tensor]:
     """The model weights at `path` as {name: tensor} (see the module docstring for the layouts);
     `key` names the setting or argument the path came from, for the error messages.
 
@@ -123,7 +127,8 @@ def read_weights(path, key="finetune.checkpoint_path", weights="raw"):
     return {**raw, **{name: value.to(raw[name].dtype) for name, value in ema.items()}}
 
 
-def inference_weights(path, weights=None, key="checkpoint"):
+def inference_weights(path: str, weights: str | None = None,
+                      key: str = "checkpoint") -> tuple[dict[str, torch.Tensor], str, str]:
     """For evaluation and serving: (state dict, the set it is: "ema" or "raw", a sentence saying so).
 
     weights=None picks the EMA set when the checkpoint at `path` has one, else the raw weights.
@@ -146,7 +151,7 @@ def inference_weights(path, weights=None, key="checkpoint"):
     return state, chosen, f"using {note} from {path}"
 
 
-def _read_raw(path, key):
+def _read_raw(path: str, key: str) -> dict[str, torch.Tensor]:
     if not os.path.exists(path):
         raise FinetuneError(f"{key} '{path}' does not exist; expected {EXPECTED}")
     if not os.path.isdir(path):
@@ -173,7 +178,7 @@ def _read_raw(path, key):
     raise FinetuneError(f"{key} '{path}' holds no weights; expected {EXPECTED}")
 
 
-def _verify_weights(path, rel, key):
+def _verify_weights(path: str, rel: str, key: str) -> None:
     """The weights file against the checkpoint's manifest (size and checksum): only that file, so a
     fine-tune or an export does not read the optimizer state it does not need."""
     manifest, problems = quick_check(path)  # manifest None: damaged or of another format (problems say so)
@@ -185,7 +190,7 @@ def _verify_weights(path, rel, key):
                             "checkpoint (python -m checkpoint verify lists every damaged file)")
 
 
-def _read_motus(model, path, allow_shape_mismatch):
+def _read_motus(model: "WorldModel", path: str, allow_shape_mismatch: Sequence[str]) -> dict[str, torch.Tensor]:
     """A Motus checkpoint folder, converted for `model`; what was dropped and what starts fresh is logged."""
     try:
         state, report = convert_for_model(path, model, allow_shape_mismatch, key="finetune.checkpoint_path")
@@ -195,12 +200,12 @@ def _read_motus(model, path, allow_shape_mismatch):
     return state
 
 
-def _allowed(key, patterns):
+def _allowed(key: str, patterns: Iterable[str]) -> bool:
     return any(re.fullmatch(p, key) for p in patterns)
 
 
 @torch.no_grad()
-def load_finetune_weights(model, path, allow_shape_mismatch=()):
+def load_finetune_weights(model: "WorldModel", path: str, allow_shape_mismatch: Sequence[str] = ()) -> FinetuneReport:
     """Copy the weights at `path` into `model` (in place); returns a FinetuneReport (also logged)."""
     saved = _read_motus(model, path, allow_shape_mismatch) if motus_states_file(path) else read_weights(path)
     current = model.state_dict()

@@ -41,7 +41,7 @@ def list_files(root: str, skip: Collection[str] = ()) -> list[str]:
     return sorted(found)
 
 
-def _chunk_digest(path, index):
+def _chunk_digest(path: str, index: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(index * CHUNK)
         return hashlib.sha256(f.read(CHUNK)).digest()

@@ -26,13 +26,15 @@ import json
 import os
 import re
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from checkpoint.manifest import FORMAT
-from optim.deepspeed_adapter import (PartitionGroup, base_optimizer, forget_linked_state, partition_groups,
-                                     refresh_module_weights, restore_loss_scaler, restore_step_counters, zero_stage)
+from optim.deepspeed_adapter import (DeepSpeedEngine, PartitionGroup, base_optimizer, forget_linked_state,
+                                     partition_groups, refresh_module_weights, restore_loss_scaler,
+                                     restore_step_counters, zero_stage)
 
 LAYOUT_FILE = "zero_layout.json"
 LAYOUT_FORMAT = 2
@@ -42,9 +44,12 @@ MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
 # stage 0 one whole file ({"updates": n, "weights": {name: tensor}}).
 EMA_SHARD_FILE = "ema_rank_{rank}.pt"
 EMA_FILE = "ema.pt"
+Shard = tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]
+"""One old rank's ZeRO shard: (fp32 master slice per group, optimizer state per group, its whole
+`optimizer_state_dict`)."""
 
 
-def shard_rank(name):
+def shard_rank(name: str) -> int | None:
     """The rank that wrote DeepSpeed file `name` (its ZeRO optimizer shard), or None (rank 0's files)."""
     m = re.search(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$", name)
     return int(m.group(1)) if m else None
@@ -54,15 +59,15 @@ class CheckpointConvertError(RuntimeError):
     """A checkpoint that cannot be resumed at this world size; the message says why and what to do."""
 
 
-def _param_names(engine):
+def _param_names(engine: DeepSpeedEngine) -> dict[int, str]:
     return _names_of(engine.module)
 
 
-def _names_of(module):
+def _names_of(module: torch.nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in module.named_parameters()}
 
 
-def _unsupported(engine):
+def _unsupported(engine: DeepSpeedEngine) -> str | None:
     """Why this engine's checkpoints cannot move to another world size, or None."""
     stage = zero_stage(engine)
     if stage == 3 or (stage == 0 and (engine.bfloat16_enabled() or engine.fp16_enabled())):
@@ -73,7 +78,7 @@ def _unsupported(engine):
     return None
 
 
-def _zero_layout(engine):
+def _zero_layout(engine: DeepSpeedEngine) -> list[dict[str, Any]]:
     """Every rank holds the same flat layout; rank r's slice follows from partition_size."""
     names = _param_names(engine)
     return [{"flat_numel": g.flat_numel, "partition_size": g.partition_size,
@@ -89,14 +94,15 @@ def layout_world_size(layout: dict[str, Any]) -> int:
     return group["flat_numel"] // group["partition_size"]
 
 
-def _plain_layout(module, optimizer):
+def _plain_layout(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """Stage 0 / DDP: the optimizer sees whole tensors; record their order in each group."""
     names = _names_of(module)
     return [{"params": [{"name": names[id(p)], "shape": list(p.shape)} for p in group["params"]]}
             for group in optimizer.param_groups]
 
 
-def _write_layout(engine_dir, zero_stage, groups, unsupported=None):
+def _write_layout(engine_dir: str, zero_stage: int, groups: list[dict[str, Any]] | None,
+                  unsupported: str | None = None) -> None:
     path = os.path.join(engine_dir, LAYOUT_FILE)
     with open(path + ".tmp", "w") as f:
         json.dump({"format": LAYOUT_FORMAT, "zero_stage": zero_stage, "groups": groups,
@@ -104,7 +110,7 @@ def _write_layout(engine_dir, zero_stage, groups, unsupported=None):
     os.replace(path + ".tmp", path)  # a reader never sees half a layout
 
 
-def save_layout(engine, engine_dir):
+def save_layout(engine: DeepSpeedEngine, engine_dir: str) -> None:
     """Write `engine_dir/zero_layout.json` (rank 0 writes; call it on every rank after the save)."""
     if engine.global_rank != 0:
         return
@@ -116,12 +122,12 @@ def save_layout(engine, engine_dir):
         _write_layout(engine_dir, stage, groups)
 
 
-def save_plain_layout(module, optimizer, engine_dir):
+def save_plain_layout(module: torch.nn.Module, optimizer: torch.optim.Optimizer, engine_dir: str) -> None:
     """The same for a plain optimizer (DDP): its param order may depend on the world size too."""
     _write_layout(engine_dir, 0, _plain_layout(module, optimizer))
 
 
-def read_layout(engine_dir):
+def read_layout(engine_dir: str) -> dict[str, Any]:
     path = os.path.join(engine_dir, LAYOUT_FILE)
     if not os.path.isfile(path):
         raise CheckpointConvertError(
@@ -134,7 +140,7 @@ def read_layout(engine_dir):
     return layout
 
 
-def _load(path):
+def _load(path: str) -> dict[str, Any]:
     # Our own checkpoints hold pickled DeepSpeed objects (loss scaler, config): not weights_only.
     # mmap: a rank reads only the slices it needs, not every old rank's whole shard.
     return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
@@ -143,26 +149,27 @@ def _load(path):
 class ShardReader:
     """Per-parameter reads from the flat ZeRO shards of a checkpoint written at any world size."""
 
-    def __init__(self, engine_dir):
+    def __init__(self, engine_dir: str) -> None:
         self.engine_dir = engine_dir
         self.layout = read_layout(engine_dir)
         if self.layout["zero_stage"] not in (1, 2) or self.layout["unsupported"]:
             raise CheckpointConvertError(f"{engine_dir}: stage {self.layout['zero_stage']} has no readable "
                                          f"ZeRO shards ({self.layout['unsupported'] or 'whole state'})")
         self.world_size = layout_world_size(self.layout)
-        self.where = {}  # name -> (group index, offset in the flat group, numel, shape)
+        # name -> (group index, offset in the flat group, numel, shape)
+        self.where: dict[str, tuple[int, int, int, torch.Size]] = {}
         for g, group in enumerate(self.layout["groups"]):
             for p in group["params"]:
                 numel = int(torch.Size(p["shape"]).numel())
                 self.where[p["name"]] = (g, p["offset"], numel, torch.Size(p["shape"]))
-        self._shards = {}
-        self._ema = {}
+        self._shards: dict[int, Shard] = {}
+        self._ema: dict[int, dict[str, Any]] = {}
 
-    def ema_updates(self):
+    def ema_updates(self) -> int:
         """EMA updates taken by the saved EMA (rank 0's file)."""
         return self._ema_shard(0)["updates"]
 
-    def _ema_shard(self, rank):
+    def _ema_shard(self, rank: int) -> dict[str, Any]:
         if rank not in self._ema:
             path = os.path.join(self.engine_dir, EMA_SHARD_FILE.format(rank=rank))
             if not os.path.isfile(path):
@@ -171,7 +178,7 @@ class ShardReader:
             self._ema[rank] = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         return self._ema[rank]
 
-    def shard(self, rank):
+    def shard(self, rank: int) -> Shard:
         if rank not in self._shards:
             found = glob.glob(os.path.join(self.engine_dir, f"*zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"))
             if len(found) != 1:
@@ -187,7 +194,7 @@ class ShardReader:
             self._shards[rank] = (sd["single_partition_of_fp32_groups"], per_group, sd)
         return self._shards[rank]
 
-    def state_keys(self, group):
+    def state_keys(self, group: int) -> tuple[list[str], dict[str, Any]]:
         """Elementwise state keys and scalar state of an old group (from rank 0's shard)."""
         _, per_group, _ = self.shard(0)
         fp32 = self.shard(0)[0][group]
@@ -206,7 +213,7 @@ class ShardReader:
                 scalars[key] = value.clone() if torch.is_tensor(value) else value
         return elementwise, scalars
 
-    def read(self, name, key, start, stop):
+    def read(self, name: str, key: str, start: int, stop: int) -> torch.Tensor:
         """Elements [start, stop) of the flattened `name` (key 'fp32' for the master weight, 'ema'
         for its moving average, else an optimizer state key)."""
         group, offset, _, _ = self.where[name]
@@ -225,12 +232,12 @@ class ShardReader:
             lo += count
         return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
-    def full(self, name, key="fp32"):
+    def full(self, name: str, key: str = "fp32") -> torch.Tensor:
         _, _, numel, shape = self.where[name]
         return self.read(name, key, 0, numel).reshape(shape).clone()
 
 
-def _check_names(engine_dir, saved, current):
+def _check_names(engine_dir: str, saved: Mapping[str, Sequence[int]], current: Mapping[str, Sequence[int]]) -> None:
     missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
     wrong = [f"{n}: saved {tuple(saved[n])}, model {tuple(current[n])}"
              for n in current if n in saved and tuple(saved[n]) != tuple(current[n])]
@@ -243,7 +250,7 @@ def _check_names(engine_dir, saved, current):
 
 
 @torch.no_grad()
-def _load_buffers(module, saved, engine_dir):
+def _load_buffers(module: torch.nn.Module, saved: Mapping[str, torch.Tensor], engine_dir: str) -> None:
     """The ZeRO partitions hold parameters only; the persistent buffers (e.g. the action position
     table, which a Motus checkpoint sets) come from the saved module state."""
     params = dict(module.named_parameters())
@@ -256,14 +263,16 @@ def _load_buffers(module, saved, engine_dir):
         module.get_buffer(name).copy_(saved[name])
 
 
-def _checked_reader(engine, engine_dir):
+def _checked_reader(engine: DeepSpeedEngine,
+                    engine_dir: str) -> tuple[ShardReader, list[PartitionGroup], dict[int, str]]:
     reader, groups, names = ShardReader(engine_dir), partition_groups(engine), _param_names(engine)
     current = {names[id(p)]: p.shape for g in groups for p in g.params}
     _check_names(engine_dir, {n: w[3] for n, w in reader.where.items()}, current)
     return reader, groups, names
 
 
-def _partition_from(reader: ShardReader, group: PartitionGroup, names, keys):
+def _partition_from(reader: ShardReader, group: PartitionGroup, names: Mapping[int, str],
+                    keys: Sequence[str]) -> dict[str, torch.Tensor]:
     """{key: this rank's new flat partition of `group`}, each element read by parameter name."""
     size, begin = group.partition_size, group.begin
     new = {key: torch.zeros(size, dtype=reader.read(names[id(group.params[0])], key, 0, 1).dtype) for key in keys}
@@ -277,7 +286,7 @@ def _partition_from(reader: ShardReader, group: PartitionGroup, names, keys):
 
 
 @torch.no_grad()
-def ema_partitions_from(engine, engine_dir):
+def ema_partitions_from(engine: DeepSpeedEngine, engine_dir: str) -> tuple[int, list[torch.Tensor]]:
     """(updates, this rank's EMA partitions) from a checkpoint written at any world size, by
     parameter name like the fp32 masters. Collective only in that every rank reads its own slice."""
     reader, groups, names = _checked_reader(engine, engine_dir)
@@ -285,7 +294,7 @@ def ema_partitions_from(engine, engine_dir):
 
 
 @torch.no_grad()
-def _install_zero(engine, engine_dir):
+def _install_zero(engine: DeepSpeedEngine, engine_dir: str) -> None:
     reader, groups, names = _checked_reader(engine, engine_dir)
     base = base_optimizer(engine)
     for i, group in enumerate(groups):
@@ -310,7 +319,8 @@ def _install_zero(engine, engine_dir):
     restore_loss_scaler(engine, reader.shard(0)[2])
 
 
-def optimizer_state_by_name(saved, engine_dir, module, optimizer):
+def optimizer_state_by_name(saved: dict[str, Any], engine_dir: str, module: torch.nn.Module,
+                            optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """A whole optimizer state dict `saved` (stage 0, DDP), renumbered from the order recorded in
     `engine_dir`'s layout into `optimizer`'s order, for `optimizer.load_state_dict`."""
     layout = read_layout(engine_dir)
@@ -336,7 +346,7 @@ def optimizer_state_by_name(saved, engine_dir, module, optimizer):
     return {"state": state, "param_groups": groups}
 
 
-def master_weights(engine_dir):
+def master_weights(engine_dir: str) -> dict[str, torch.Tensor]:
     """{name: fp32 master weight} of the trainable tensors of a ZeRO-1/2 checkpoint (any world
     size), or {} for a checkpoint without ZeRO shards (DDP, stage 0: the module weights are the
     masters)."""
@@ -347,7 +357,7 @@ def master_weights(engine_dir):
     return {name: reader.full(name) for name in reader.where}
 
 
-def reshard_if_needed(engine, engine_dir, saved_world_size):
+def reshard_if_needed(engine: DeepSpeedEngine, engine_dir: str, saved_world_size: int) -> bool:
     """Load `engine_dir` into `engine` when it was written at another world size (`saved_world_size`).
 
     Returns False (nothing done) when the world size is the same: call `engine.load_checkpoint`.
@@ -386,7 +396,7 @@ def reshard_if_needed(engine, engine_dir, saved_world_size):
     return True
 
 
-def describe(checkpoint_dir, world_size=None):
+def describe(checkpoint_dir: str, world_size: int | None = None) -> str:
     """A summary of `checkpoint_dir` (a checkpoint_step_N folder), after reading every tensor once.
     `world_size`: the one its manifest records (None: a ZeRO layout implies it)."""
     engine_dir = os.path.join(checkpoint_dir, "engine")

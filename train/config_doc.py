@@ -7,11 +7,12 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+from typing import Any
 
 from recipe.schema import Config
 
 
-def _field_docs(cls):
+def _field_docs(cls: type) -> dict[str, str]:
     """Field name -> the string literal that follows its definition in the class body."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     cls_def = tree.body[0]
@@ -25,7 +26,7 @@ def _field_docs(cls):
     return docs
 
 
-def _default(f):
+def _default(f: dataclasses.Field[Any]) -> str | None:
     if f.default is not dataclasses.MISSING:
         value = f.default
     elif f.default_factory is not dataclasses.MISSING:
@@ -37,7 +38,7 @@ def _default(f):
     return "null" if value is None else repr(value).replace("'", "")
 
 
-def _rows(cls, prefix):
+def _rows(cls: Any, prefix: str) -> list[str]:  # a dataclass of recipe/schema.py (a Field's type is `type | str`)
     docs = _field_docs(cls)
     rows, nested = [], []
     for f in dataclasses.fields(cls):
@@ -51,7 +52,7 @@ def _rows(cls, prefix):
     return rows
 
 
-def render():
+def render() -> str:
     out = []
     for f in dataclasses.fields(Config):
         out += [f"#### `{f.name}`", "", "| key | default | meaning |", "|---|---|---|", *_rows(f.type, f"{f.name}."), ""]

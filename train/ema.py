@@ -17,25 +17,29 @@ validates and swaps back: no rank ever holds a second full copy of the model.
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Optional, Sequence
 
 import torch
+from omegaconf import DictConfig
 
 from checkpoint.zero import EMA_FILE, EMA_SHARD_FILE, CheckpointConvertError, ema_partitions_from
-from optim.deepspeed_adapter import refresh_module_weights
+from optim.deepspeed_adapter import DeepSpeedEngine, refresh_module_weights
 from utils import dist
+
+if TYPE_CHECKING:
+    from train.engine import Engine  # which holds an EMA: imported for the type only
 
 log = logging.getLogger(__name__)
 
 SWAP_CHUNK = 1 << 24  # elements swapped at a time: the swap's temporary buffer stays under 64 MiB
 
 
-def decay_at(settings, n):
+def decay_at(settings: DictConfig, n: int) -> float:
     """The decay of EMA update number n (0-based)."""
     return 0.0 if n == 0 else min(settings.decay, (1 + n) / (10 + n))
 
 
-def updates_at(settings, step):
+def updates_at(settings: DictConfig, step: int) -> bool:
     """Whether the EMA is updated after optimizer step `step` (1-based)."""
     return step >= settings.start_step and (step - settings.start_step) % settings.update_every == 0
 
@@ -47,8 +51,8 @@ class EMA:
     partitions `masters` are) say how the EMA is saved, loaded and swapped into the model.
     """
 
-    def __init__(self, settings: Any, masters: Sequence[torch.Tensor], names: Optional[list[str]] = None,
-                 zero_engine: Any = None) -> None:
+    def __init__(self, settings: DictConfig, masters: Sequence[torch.Tensor], names: Optional[list[str]] = None,
+                 zero_engine: Optional[DeepSpeedEngine] = None) -> None:
         for m in masters:
             if m.dtype != torch.float32 or not m.is_contiguous():
                 raise ValueError(f"EMA needs contiguous fp32 master weights, got {m.dtype} "
@@ -59,11 +63,11 @@ class EMA:
         self.updates = 0
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.shadow)
 
     @torch.no_grad()
-    def update(self, step):
+    def update(self, step: int) -> None:
         """Call after optimizer step `step` on every rank (no communication)."""
         if not updates_at(self.settings, step):
             return
@@ -75,7 +79,7 @@ class EMA:
         self.updates += 1
 
     @torch.no_grad()
-    def _swap(self):
+    def _swap(self) -> None:
         for a, b in zip(self.masters, self.shadow):
             for x, y in zip(a.view(-1).split(SWAP_CHUNK), b.view(-1).split(SWAP_CHUNK)):
                 tmp = x.clone()
@@ -132,14 +136,14 @@ class EMA:
         self.updates = int(saved["updates"])
 
     @staticmethod
-    def _named(weights, name, engine_dir):
+    def _named(weights: Mapping[str, torch.Tensor], name: str, engine_dir: str) -> torch.Tensor:
         if name not in weights:
             raise CheckpointConvertError(f"{os.path.join(engine_dir, EMA_FILE)} has no EMA of '{name}'; "
                                          "resume needs the same model")
         return weights[name]
 
 
-def optimizer_state_report(engine: Any) -> str:
+def optimizer_state_report(engine: "Engine") -> str:
     """One line: the optimizer-state bytes this rank holds (fp32 masters under ZeRO, the optimizer's
     own state, the EMA) for a train.engine.Engine. Read after the first step, when the optimizer has
     created its state."""

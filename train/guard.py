@@ -9,8 +9,14 @@ and one message on the main rank, instead of a traceback from every rank.
 import logging
 import math
 import sys
+from collections.abc import Callable, Mapping
+from typing import NoReturn
+
+import torch
 
 from checkpoint.checkpointer import CheckpointSaveError
+from train.engine import Engine
+from train.steps import TrainerState
 from utils import dist
 
 log = logging.getLogger("train")
@@ -29,18 +35,19 @@ class NonFiniteGuard:
     """Counts skipped steps (in the trainer state's `skipped_nonfinite_steps`, logged to metrics.jsonl)
     and stops the run after `max_consecutive` in a row."""
 
-    def __init__(self, state, max_consecutive, device="cpu"):
+    def __init__(self, state: TrainerState, max_consecutive: int, device: torch.device | str = "cpu") -> None:
         self.state = state
         self.device = device  # the one the process group serves (NCCL: the GPU)
         self.max_consecutive = max_consecutive
         self.consecutive = 0
-        self.error = None
+        self.error: NonFiniteError | None = None
 
     @property
-    def last_step_finite(self):
+    def last_step_finite(self) -> bool:
         return self.consecutive == 0
 
-    def after_step(self, step, skipped, loss_sum, grad_norm):
+    def after_step(self, step: int, skipped: bool, loss_sum: Mapping[str, torch.Tensor],
+                   grad_norm: float | torch.Tensor) -> None:
         """Call on every rank after each optimizer step (`skipped` is the same on every rank);
         `check()` raises, once the step is logged, when too many were skipped in a row."""
         if not skipped:
@@ -64,17 +71,17 @@ class NonFiniteGuard:
                 "(training.grad_clip_norm) or more warmup (training.warmup_steps); "
                 "training.max_nonfinite_steps sets how many skipped steps in a row are tolerated")
 
-    def check(self):
+    def check(self) -> None:
         if self.error is not None:
             raise self.error
 
 
-def _number(value):
+def _number(value: float | torch.Tensor) -> str:
     value = float(value)
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
-def check_weights_before_save(engine, step, run_dir):
+def check_weights_before_save(engine: Engine, step: int, run_dir: str) -> None:
     """Collective. Raise NonFiniteError when some rank's weights are not finite: never save them."""
     if not engine.weights_finite():
         raise NonFiniteError(f"the weights are not finite at step {step}; no checkpoint was written "
@@ -82,19 +89,19 @@ def check_weights_before_save(engine, step, run_dir):
                              "one with a lower training.learning_rate or gradient clipping")
 
 
-def health(guard):
+def health(guard: NonFiniteGuard) -> dict[str, bool]:
     """What a checkpoint saved now records (weights: check_weights_before_save passed)."""
     return {"weights_finite": True, "loss_finite": guard.last_step_finite}
 
 
-def stop(message, code):
+def stop(message: str, code: int) -> NoReturn:
     """End the run: the message once, on the main rank; the same exit code on every rank."""
     if dist.is_main():
         print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 
-def run_guarded(main):
+def run_guarded(main: Callable[[], None]) -> None:
     """Run the trainer's main(); a divergence or a failed save ends it with its exit code."""
     try:
         main()

@@ -5,19 +5,20 @@ stopped on purpose with a fresh checkpoint and should be requeued with
 `resume.checkpoint_path=auto`.
 """
 import signal
+from types import FrameType
 
 REQUEUE_EXIT_CODE = 75
 
 
 class PreemptionFlag:
-    def __init__(self):
-        self.signal = None
+    def __init__(self) -> None:
+        self.signal: str | None = None
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._handler)
 
-    def _handler(self, signum, frame):
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.signal = signal.Signals(signum).name
 
     @property
-    def requested(self):
+    def requested(self) -> bool:
         return self.signal is not None

@@ -15,9 +15,9 @@ import fnmatch
 import json
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from checkpoint.checkpointer import saved_world_size
 
@@ -43,12 +43,12 @@ class Rule:
     """same(old, new): a change this returns True for is no change (it takes effect)."""
 
 
-def _weights_kept(old, new):
+def _weights_kept(old: str, new: str) -> bool:
     """fp32 and fp32_mixed both keep fp32 weights and optimizer state; bf16_mixed keeps others."""
     return (old == "bf16_mixed") == (new == "bf16_mixed")
 
 
-def _same_split(old, new):
+def _same_split(old: int, new: int) -> bool:
     """moe_num_experts 1 has no "muon_experts" group, more than 1 has one: the split changes."""
     return (old > 1) == (new > 1)
 
@@ -96,14 +96,14 @@ class ResumeRefused(ValueError):
     """An edit the checkpoint cannot honour; the message names the key, both values and the way out."""
 
 
-def rule_for(key):
+def rule_for(key: str) -> Rule:
     for rule in RULES:
         if fnmatch.fnmatchcase(key, rule.pattern):
             return rule
     raise KeyError(f"no resume rule covers config key {key!r}; add one to train/resume_policy.py RULES")
 
 
-def leaves(cfg, prefix=""):
+def leaves(cfg: DictConfig, prefix: str = "") -> dict[str, Any]:
     """{dotted key: plain value} of every leaf of a config (a list is one leaf)."""
     out = {}
     for key in cfg:
@@ -116,7 +116,7 @@ def leaves(cfg, prefix=""):
     return out
 
 
-def changes(cfg, saved):
+def changes(cfg: DictConfig, saved: DictConfig) -> list[tuple[str, Any, Any]]:
     """[(key, saved value, value now)] for the keys both configs have, in the schema's order."""
     old = leaves(saved)
     return [(key, old[key], new) for key, new in leaves(cfg).items()
@@ -126,35 +126,36 @@ def changes(cfg, saved):
 @dataclass
 class Edits:
     """What a resume changes: the one log line, and the consequences the log states."""
-    changed: list
-    notes: list
+    changed: list[tuple[str, Any, Any]]
+    """(key, saved value, value now) of every changed key (`changes`)."""
+    notes: list[str]
 
-    def line(self):
+    def line(self) -> str:
         if not self.changed:
             return "resume: no config change relative to the checkpoint's config.yaml"
         return "resume: " + "; ".join(f"{key} {_show(old)} -> {_show(new)}" for key, old, new in self.changed)
 
 
-def _show(value):
+def _show(value: object) -> str:
     """A value as it is written in the YAML or on the command line."""
     if isinstance(value, bool):
         return str(value).lower()
     return "null" if value is None else str(value)
 
 
-def _refused(rule, old, new, cfg):
+def _refused(rule: Rule, old: Any, new: Any, cfg: DictConfig) -> bool:
     if rule.behaviour != REFUSED or (rule.same is not None and rule.same(old, new)):
         return False
     return not (rule.unless and OmegaConf.select(cfg, rule.unless))
 
 
-def _refusal(key, old, new, rule, path):
+def _refusal(key: str, old: Any, new: Any, rule: Rule, path: str) -> str:
     way_out = f"set {rule.unless}=true, or" if rule.unless else "to resume,"
     return (f"{key} is {_show(new)} but the checkpoint was trained with {_show(old)} ({path}): {rule.note}; "
             f"{way_out} set {key}={_show(old)}")
 
 
-def check(cfg, checkpoint, world_size):
+def check(cfg: DictConfig, checkpoint: str, world_size: int) -> Edits:
     """Edits of `cfg` relative to `checkpoint`'s config.yaml; raises ResumeRefused for a refused one."""
     path = os.path.join(checkpoint, "config.yaml")
     saved = OmegaConf.load(path)
@@ -181,7 +182,7 @@ def check(cfg, checkpoint, world_size):
     return Edits(edits, notes)
 
 
-def render():
+def render() -> str:
     """The table for TRAINING.md."""
     rows = ["| keys | on resume | why / what the log says |", "|---|---|---|"]
     for rule in RULES:

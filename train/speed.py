@@ -4,20 +4,28 @@ the model, and DDP's options. TRAINING.md ("Speed switches") says what each one 
 `fused_adamw` goes to `optim.build_optimizer` (train/train.py's build_everything).
 """
 import logging
+from typing import TYPE_CHECKING
 
 import torch
+from omegaconf import DictConfig
+
+if TYPE_CHECKING:
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    from models.encoders import FrozenEncoders
+    from models.world_model import WorldModel
 
 log = logging.getLogger(__name__)
 
 
-def matmul_precision(speed):
+def matmul_precision(speed: DictConfig) -> str:
     """The float32 matmul precision the switches ask for (null follows tf32)."""
     if speed.matmul_precision is not None:
         return speed.matmul_precision
     return "high" if speed.tf32 else "highest"
 
 
-def set_backend_flags(speed):
+def set_backend_flags(speed: DictConfig) -> dict[str, str | bool]:
     """Set the process-wide matmul/cuDNN flags once, before the model runs; return what was set.
     They only change what runs on a GPU; on the CPU they are set but have no effect."""
     torch.set_float32_matmul_precision(matmul_precision(speed))
@@ -29,12 +37,12 @@ def set_backend_flags(speed):
             "cudnn.benchmark": torch.backends.cudnn.benchmark}
 
 
-def compile_mode(speed):
+def compile_mode(speed: DictConfig) -> str | None:
     """torch.compile's mode for the layer: reduce-overhead captures it in CUDA graphs."""
     return "reduce-overhead" if speed.cuda_graphs else None
 
 
-def apply(model, encoders, speed):
+def apply(model: "WorldModel", encoders: "FrozenEncoders", speed: DictConfig) -> "WorldModel":
     """Backend flags and regional compilation of `model` (a WorldModel) and of the frozen VAE's
     encoder (`encoders`, FrozenEncoders), logged once. Call it before the engine wraps the model,
     on every rank."""
@@ -50,7 +58,7 @@ def apply(model, encoders, speed):
     return model
 
 
-def ddp_kwargs(speed):
+def ddp_kwargs(speed: DictConfig) -> "DistributedDataParallelKwargs":
     """accelerate's DistributedDataParallelKwargs from bucket_cap_mb and static_graph (used
     without DeepSpeed only; check_launch refuses them with --deepspeed)."""
     from accelerate.utils import DistributedDataParallelKwargs

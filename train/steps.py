@@ -1,13 +1,20 @@
 """Pieces of the training loop that are not the loop itself."""
 import random
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 
+from train.engine import Engine
 from utils import dist
 from utils.batch import BatchError, DataBatch, ModelBatch
+
+if TYPE_CHECKING:
+    from data.normalize import NormStats
+    from models.encoders import FrozenEncoders
 
 
 @dataclass
@@ -18,15 +25,15 @@ class TrainerState:
     skipped_nonfinite_steps: int = 0
     """Steps whose update was skipped: a non-finite loss or gradient norm on some rank (train/guard.py)."""
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def load_state_dict(self, sd):
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.step, self.samples_seen = int(sd["step"]), int(sd["samples_seen"])
         self.skipped_nonfinite_steps = int(sd["skipped_nonfinite_steps"])
 
 
-def seed_everything(seed, rank):
+def seed_everything(seed: int, rank: int) -> None:
     random.seed(seed + rank)
     np.random.seed(seed + rank)
     torch.manual_seed(seed + rank)
@@ -41,7 +48,9 @@ def noise_seeds(seed: int, step: int, batch: DataBatch) -> torch.Tensor:
     return (seed * 1_000_003 + step) * 1_000_000_007 + batch.episode_index * 1_000_003 + batch.frame_index
 
 
-def make_record(*, step, loss_sum, grad_norm, param_groups, lrs, val, state, samples_per_sec, step_time, skipped):
+def make_record(*, step: int, loss_sum: Mapping[str, float | torch.Tensor], grad_norm: float | torch.Tensor,
+                param_groups: Sequence[dict[str, Any]], lrs: Sequence[float], val: dict[str, float] | None,
+                state: TrainerState, samples_per_sec: float, step_time: float, skipped: int) -> dict[str, Any]:
     """One metrics.jsonl record; the losses (device tensors) are averaged over ranks and read back here."""
     record = {"step": step, **dist.mean_across_ranks(loss_sum),
               "grad_norm": float(grad_norm),
@@ -70,7 +79,7 @@ def policy_errors(model: Any, inputs: ModelBatch) -> dict[str, float]:
     assert inputs.actions is not None  # a validation batch of the data holds its actions
     truth = inputs.actions.float()
 
-    def mse(num_steps):
+    def mse(num_steps: int | None) -> float:
         return (model.sample(inputs, "policy", num_steps)["actions"].float() - truth).pow(2).mean().item()
 
     return {"policy_action_mse": mse(None), "policy_mean_action_mse": mse(1),
@@ -78,8 +87,8 @@ def policy_errors(model: Any, inputs: ModelBatch) -> dict[str, float]:
 
 
 @torch.no_grad()
-def prediction_pictures(model: Any, encoders: Any, batch: DataBatch, inputs: ModelBatch,
-                        stats: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def prediction_pictures(model: Any, encoders: "FrozenEncoders", batch: DataBatch, inputs: ModelBatch,
+                        stats: "NormStats") -> tuple[dict[str, Any], dict[str, Any]]:
     """Ground-truth vs joint-mode frames and actions (robot units), for TensorBoard. With a latent
     cache the batch holds no frames: the true frames are then the decoded true latents. Decoding
     borrows the VAE onto the GPU for the call when training does not keep it there."""
@@ -94,8 +103,8 @@ def prediction_pictures(model: Any, encoders: Any, batch: DataBatch, inputs: Mod
 
 
 @torch.no_grad()
-def validate(engine: Any, encoders: Any, loader: Any, cfg: Any,
-             stats: Any) -> tuple[dict[str, float], tuple[dict[str, Any], dict[str, Any]] | None]:
+def validate(engine: Engine, encoders: "FrozenEncoders", loader: Iterable[DataBatch], cfg: DictConfig,
+             stats: "NormStats") -> tuple[dict[str, float], tuple[dict[str, Any], dict[str, Any]] | None]:
     """Mean losses and policy errors on held-out episodes over `system.val_batches` batches per rank,
     averaged over ranks; rank 0 also returns prediction pictures of the first batch.
 

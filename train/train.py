@@ -10,7 +10,8 @@ import logging
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -26,7 +27,7 @@ from train.engine import Engine  # noqa: E402
 from train.launch import make_accelerator, make_engine  # noqa: E402
 from train.guard import NonFiniteGuard, check_weights_before_save, health, run_guarded  # noqa: E402
 from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
-from train.resume_policy import check as check_edits  # noqa: E402
+from train.resume_policy import Edits, check as check_edits  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
 from train import speed  # noqa: E402
 from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
@@ -37,10 +38,18 @@ from utils.quiet import silence_known_warnings  # noqa: E402
 from utils.schedule import LRSchedule  # noqa: E402
 from utils.wandb_setup import check_wandb_login  # noqa: E402
 
+if TYPE_CHECKING:
+    import torch
+
+    from data.normalize import NormStats
+    from data.stream import ValLoader
+    from models.encoders import FrozenEncoders
+    from models.world_model import WorldModel
+
 log = logging.getLogger("train")
 
 
-def parse_args(argv=None):
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/tiny.yaml", help="YAML recipe")
     p.add_argument("--deepspeed", default=None, help="ZeRO JSON (configs/zero1.json, configs/zero2.json)")
@@ -57,7 +66,7 @@ def parse_args(argv=None):
     return args
 
 
-def make_generated_inputs(cfg):
+def make_generated_inputs(cfg: DictConfig) -> None:
     """The default recipe's synthetic dataset and tiny frozen parts, made once by rank 0 on first use
     (run under fail_together, whose agreement step is also the barrier the other ranks wait at)."""
     from recipe.generated import ensure_generated_inputs
@@ -66,7 +75,8 @@ def make_generated_inputs(cfg):
         ensure_generated_inputs(cfg)
 
 
-def build_everything(cfg, world_size, resume_from=None):
+def build_everything(cfg: DictConfig, world_size: int, resume_from: str | None = None
+                     ) -> "tuple[tuple[Any, Any, NormStats], WorldModel, FrozenEncoders, torch.optim.Optimizer]":
     """Data, model and optimizer: every start-up error surfaces here, on every rank. The weights
     start from finetune.checkpoint_path in a fresh run; a resumed run keeps its own (loaded here
     only with resume.reset_optimizer, else by the engine with the optimizer state)."""
@@ -87,7 +97,7 @@ def build_everything(cfg, world_size, resume_from=None):
     return datasets, model, encoders, optimizer
 
 
-def open_run_dir(run_dir, cfg, checkpointer):
+def open_run_dir(run_dir: str, cfg: DictConfig, checkpointer: Checkpointer) -> None:
     """Rank 0 writes the run's config.yaml and clears the saves a kill interrupted."""
     if dist.is_main():
         os.makedirs(run_dir, exist_ok=True)
@@ -95,7 +105,7 @@ def open_run_dir(run_dir, cfg, checkpointer):
     checkpointer.remove_interrupted_saves()
 
 
-def load_resume_weights(model, path):
+def load_resume_weights(model: "torch.nn.Module", path: str) -> None:
     """The trainable weights of checkpoint `path` into `model`, before the engine is built (its fp32
     masters are made from them): the ZeRO fp32 masters where the checkpoint has them, else the
     module weights (DDP, stage 0: fp32)."""
@@ -112,7 +122,7 @@ def load_resume_weights(model, path):
 
 
 def checkpoint_parts(cfg: DictConfig, engine: Engine, state: TrainerState, stream: Stateful, schedule: LRSchedule,
-                     stats: Any) -> Registry:
+                     stats: "NormStats | None") -> Registry:
     """Everything a checkpoint holds, each part registered once, restored in this order on resume.
     The engine (weights, optimizer, EMA) is not restored with resume.reset_optimizer (the weights were
     loaded at build), the lr schedule not with resume.reset_scheduler (it starts again)."""
@@ -128,7 +138,8 @@ def checkpoint_parts(cfg: DictConfig, engine: Engine, state: TrainerState, strea
     return parts
 
 
-def restore(checkpointer, path, parts, state, cfg, edits):
+def restore(checkpointer: Checkpointer, path: str, parts: Registry, state: TrainerState, cfg: DictConfig,
+            edits: Edits) -> None:
     """Resume every registered part; log what the edits change."""
     checkpointer.load(path, parts)
     log.info("resumed from %s at step %d", path, state.step)
@@ -140,8 +151,8 @@ def restore(checkpointer, path, parts, state, cfg, edits):
                  cfg.finetune.checkpoint_path)
 
 
-def validate_raw_and_ema(engine: Engine, encoders: Any, val_loader: Any, cfg: DictConfig,
-                         stats: Any) -> tuple[dict[str, float], Any]:
+def validate_raw_and_ema(engine: Engine, encoders: "FrozenEncoders", val_loader: "ValLoader", cfg: DictConfig,
+                         stats: "NormStats") -> tuple[dict[str, float], Any]:
     """Validation losses and pictures; with training.ema, the same validation with the EMA weights
     (val_ema_* keys) once the EMA holds an average."""
     val, pictures = validate(engine, encoders, val_loader, cfg, stats)
@@ -152,7 +163,7 @@ def validate_raw_and_ema(engine: Engine, encoders: Any, val_loader: Any, cfg: Di
     return val, pictures
 
 
-def print_summary(run_dir, cfg, step):
+def print_summary(run_dir: str, cfg: DictConfig, step: int) -> None:
     latest = open(os.path.join(run_dir, "latest")).read().strip()
     print(f"\nTraining finished at step {step}.\n  run directory: {run_dir}\n"
           f"  checkpoint:    {os.path.join(run_dir, latest)}\n"
@@ -161,7 +172,7 @@ def print_summary(run_dir, cfg, step):
           flush=True)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     preemption = PreemptionFlag()  # from the start: a signal during start-up still ends in a save
     silence_known_warnings()
     args = parse_args(argv)
@@ -203,6 +214,7 @@ def main(argv=None):
     try:  # rank 0 writes here: a full disk or a read-only folder must stop every rank, not hang them
         dist.fail_together(open_run_dir, run_dir, cfg, checkpointer)
         if resume_from:
+            assert edits is not None  # checked above whenever the run resumes
             restore(checkpointer, resume_from, parts, state, cfg, edits)
         metrics = dist.fail_together(Metrics, cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
     except dist.StartupError as e:
@@ -213,7 +225,7 @@ def main(argv=None):
 
     guard = NonFiniteGuard(state, cfg.training.max_nonfinite_steps, engine.device)
 
-    def save(step):
+    def save(step: int) -> str:
         check_weights_before_save(engine, step, run_dir)  # never a checkpoint of non-finite weights
         return checkpointer.save(step, parts, health(guard))
 
