@@ -32,3 +32,17 @@ def tiny_yaml(tmp_path_factory):
     path = root / "tiny.yaml"
     path.write_text(TINY_YAML.format(d=root / "assets"))
     return str(path)
+
+
+# scripts/test.sh runs the suite on 2 pytest-xdist workers (a launch's imports and a 1-process run
+# each use one core, and leave the other idle). A test file runs whole on one worker: its module
+# fixtures (a file's shared training runs) are built once. The files that start the local Slurm
+# cluster or the two network-namespace hosts share fixed names (wm-node0/1, munge, job ids in
+# logs/), so they run on one worker, one after the other.
+ONE_CLUSTER = {"test_launch_slurm.py", "test_launch_multinode.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = os.path.basename(str(item.fspath))
+        item.add_marker(pytest.mark.xdist_group("cluster" if name in ONE_CLUSTER else name))

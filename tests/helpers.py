@@ -1,6 +1,7 @@
 """Run train/train.py as users do (torchrun, several processes) and read what it wrote."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,12 +22,28 @@ def torchrun(nproc, args, timeout=420, env=None, log_file=None, script=os.path.j
            "--master_port", str(free_port()), script, *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     if log_file is None:
-        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
+        return run_group(cmd, timeout, capture_output=True, text=True, env=full_env)
     with open(log_file, "wb") as f:
-        result = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=full_env)
+        result = run_group(cmd, timeout, stdout=f, stderr=subprocess.STDOUT, env=full_env)
     with open(log_file, newline="") as f:
         result.stdout, result.stderr = f.read(), ""
     return result
+
+
+def run_group(cmd, timeout, capture_output=False, **popen):
+    """subprocess.run in its own process group: on a timeout the whole group is killed, torchrun's
+    trainers included (killing torchrun alone leaves them running, holding the cores the next test needs);
+    so is it when the test run is interrupted (its own group no longer gets the terminal's Ctrl-C)."""
+    if capture_output:
+        popen.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, **popen) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def train(tmp, nproc, run_name, overrides=(), deepspeed="configs/zero2.json", config="configs/tiny.yaml",

@@ -21,13 +21,14 @@ NEW_ACTION_DIM = r"action_expert\.(action_encoder\.0|proj_out)\..*"
 
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
-    """The tiny recipe, its VAE in a local folder: export reads the VAE's config from there."""
-    from diffusers import AutoencoderKLWan
-
-    from models.sizes import get_size
-    vae = str(tmp_path_factory.mktemp("assets") / "vae")
-    AutoencoderKLWan(**get_size("tiny").vae).save_pretrained(vae)
-    return load_config(os.path.join(REPO, "configs", "tiny.yaml"), [f"model.wan.vae_path={vae}"])
+    """The tiny recipe on tiny frozen parts of its own (a random VAE: export reads the parts' configs and
+    the fine-tune tests build the model, neither needs a fitted VAE); no test here depends on another
+    file having built the repository's assets/tiny first."""
+    from models.tiny_assets import build_tiny_assets
+    parts = build_tiny_assets(str(tmp_path_factory.mktemp("assets") / "tiny"))
+    return load_config(os.path.join(REPO, "configs", "tiny.yaml"), [
+        f"model.wan.vae_path={parts}/vae", f"model.wan.text_encoder_path={parts}/text_encoder",
+        f"model.vlm.checkpoint_path={parts}/vlm"])
 
 
 def world_model(cfg, seed, **spec_changes):

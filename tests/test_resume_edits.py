@@ -8,6 +8,7 @@ it trains with Muon momentum 0 and AdamW beta1 0, so its step-3 momentum buffer 
 moment *are* that gradient, bit for bit (lerp with weight 1 returns its end exactly), and the
 resumed run computes the same gradient (same weights, batch, noise and RNG at the same world size).
 """
+import concurrent.futures
 import json
 import math
 import os
@@ -126,6 +127,32 @@ def edited(tmp_path_factory):
     return tmp, out
 
 
+@pytest.fixture(scope="module")
+def one_process(edited):
+    """The 1-process launches of the tests below, side by side in two threads (each leaves a core idle):
+    the ZeRO-2 step-2 checkpoint resumed by 1 process with EDITS; a fine-tune recipe with
+    resume.checkpoint_path=auto launched twice from the DDP step-2 weights, moved away between the
+    launches (the second must not read them)."""
+    tmp, _ = edited
+
+    def world_size_one():
+        copy = os.path.join(run_dir(tmp, "w1_edited"), "checkpoint_step_2")
+        shutil.copytree(os.path.join(run_dir(tmp, "zero2"), "checkpoint_step_2"), copy)
+        return train(tmp, 1, "w1_edited", BASE + EDITS + ["training.batch_size=4", f"resume.checkpoint_path={copy}"])
+
+    def finetune_twice():
+        source = os.path.join(str(tmp), "ft_source", "checkpoint_step_2")
+        shutil.copytree(os.path.join(run_dir(tmp, "ddp"), "checkpoint_step_2"), source)
+        ft = BASE + [f"finetune.checkpoint_path={source}", "resume.checkpoint_path=auto", "training.max_steps=1"]
+        first = train(tmp, 1, "ft", ft, deepspeed=None)
+        shutil.move(source, source + "_moved")
+        return source, first, train(tmp, 1, "ft", ft[:-1] + ["training.max_steps=2"], deepspeed=None)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        w1, ft = pool.submit(world_size_one), pool.submit(finetune_twice)
+        return {"w1_edited": w1.result(), "ft": ft.result()}
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
 def test_resume_logs_the_edits_and_trains_at_the_new_lr(edited, launcher):
@@ -167,7 +194,7 @@ def test_resumed_update_uses_the_new_hyperparameters_and_the_saved_state(edited,
 
 
 @pytest.mark.distributed
-def test_edits_take_effect_at_another_world_size(edited):
+def test_edits_take_effect_at_another_world_size(edited, one_process):
     """The 2-process ZeRO-2 checkpoint resumed by 1 process (batches of 4: the same samples per step)
     with EDITS: the state is re-partitioned by name (checkpoint/zero.py), the hyperparameters are
     the YAML's. The gradient is now summed in another order than the 2-process run's (whose
@@ -175,9 +202,7 @@ def test_edits_take_effect_at_another_world_size(edited):
     the checkpoint's hyperparameters give weights at least 3e-5 away) and each state tensor within
     1e-5 of its largest element (measured: 2.7e-6)."""
     tmp, _ = edited
-    copy = os.path.join(run_dir(tmp, "w1_edited"), "checkpoint_step_2")
-    shutil.copytree(os.path.join(run_dir(tmp, "zero2"), "checkpoint_step_2"), copy)
-    result = train(tmp, 1, "w1_edited", BASE + EDITS + ["training.batch_size=4", f"resume.checkpoint_path={copy}"])
+    result = one_process["w1_edited"]
     assert "training.batch_size 2 -> 4" in result.stderr and "a step now takes" not in result.stderr
     assert metrics(tmp, "w1_edited")[0]["lr"] == {"muon": 1e-3, "adamw": 1e-3}
     before = saved_state(os.path.join(run_dir(tmp, "zero2"), "checkpoint_step_2"))
@@ -216,18 +241,13 @@ def test_reset_optimizer_keeps_the_weights_and_starts_a_fresh_optimizer(edited):
 
 
 @pytest.mark.distributed
-def test_a_finetune_recipe_with_resume_auto_starts_from_the_weights_then_resumes(edited):
+def test_a_finetune_recipe_with_resume_auto_starts_from_the_weights_then_resumes(edited, one_process):
     """finetune.checkpoint_path and resume.checkpoint_path=auto in one YAML (a fine-tune that SLURM may
     requeue): the first launch starts from the fine-tune weights, the next continues the run's own
     checkpoint and does not read the fine-tune path again (moved away here, so reading it would fail)."""
     tmp, _ = edited
-    source = os.path.join(str(tmp), "ft_source", "checkpoint_step_2")
-    shutil.copytree(os.path.join(run_dir(tmp, "ddp"), "checkpoint_step_2"), source)
-    ft = BASE + [f"finetune.checkpoint_path={source}", "resume.checkpoint_path=auto", "training.max_steps=1"]
-    first = train(tmp, 1, "ft", ft, deepspeed=None)
+    source, first, second = one_process["ft"]
     assert f"fine-tune weights from {source}" in first.stderr and "resumed from" not in first.stderr
-    shutil.move(source, source + "_moved")
-    second = train(tmp, 1, "ft", ft[:-1] + ["training.max_steps=2"], deepspeed=None)
     assert "resumed from" in second.stderr and "checkpoint_step_1 at step 1" in second.stderr
     assert f"finetune.checkpoint_path {source} is not read" in second.stderr
     assert [r["step"] for r in metrics(tmp, "ft")] == [1, 2]
