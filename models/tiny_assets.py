@@ -12,6 +12,7 @@ Everything is seeded, so two processes building the same folder write the same f
 """
 import argparse
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -194,7 +195,16 @@ def build_tiny_assets(directory: str, texts: Iterable[str] = (),
     plus a stamp of the tiny size table and VAE recipe they were built from. `videos`: a callable
     returning [N, T, 3, H, W] training videos in [-1, 1] to fit the VAE to; None keeps it random.
     A folder whose stamp is from another size table or VAE recipe is rebuilt (it holds only what an
-    earlier build wrote); one without a stamp is not ours, and is refused."""
+    earlier build wrote); one without a stamp is not ours, and is refused. Commands started together
+    on a fresh clone build it once: the others wait on a lock file beside the folder, then find it."""
+    parent = os.path.dirname(os.path.abspath(directory))
+    os.makedirs(parent, exist_ok=True)
+    with open(os.path.join(parent, f".{os.path.basename(os.path.abspath(directory))}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        return _build_unlocked(directory, texts, videos)
+
+
+def _build_unlocked(directory: str, texts: Iterable[str], videos: Callable[[], torch.Tensor | None] | None) -> str:
     stamp = os.path.join(directory, STAMP)
     if all(os.path.isdir(os.path.join(directory, p)) for p in PARTS):
         if not os.path.isfile(stamp):
@@ -206,9 +216,7 @@ def build_tiny_assets(directory: str, texts: Iterable[str] = (),
         log.warning("rebuilding the tiny frozen parts under %s: built for another tiny size table or VAE recipe",
                     directory)
         _remove_parts(directory)
-    parent = os.path.dirname(os.path.abspath(directory))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tiny_assets_", dir=parent)
+    tmp = tempfile.mkdtemp(prefix=".tiny_assets_", dir=os.path.dirname(os.path.abspath(directory)))
     try:
         tokenizer = build_tokenizer(texts)
         build_text_encoder().save_pretrained(os.path.join(tmp, "text_encoder"))

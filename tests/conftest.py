@@ -42,7 +42,17 @@ def tiny_yaml(tmp_path_factory):
 ONE_CLUSTER = {"test_launch_slurm.py", "test_launch_multinode.py"}
 
 
+# The longest files start first, so that the two workers finish together instead of one running
+# test_train.py alone at the end.
+LONGEST_FIRST = ["test_train.py", "test_launch_slurm.py", "test_launch_multinode.py", "test_resume_edits.py",
+                 "test_faults.py", "test_config.py", "test_checkpoint_convert.py", "test_optim_zero.py",
+                 "test_motus.py", "test_speed.py"]
+
+
 def pytest_collection_modifyitems(config, items):
+    def name(item):
+        return os.path.basename(str(item.fspath))
+
+    items.sort(key=lambda item: LONGEST_FIRST.index(name(item)) if name(item) in LONGEST_FIRST else len(LONGEST_FIRST))
     for item in items:
-        name = os.path.basename(str(item.fspath))
-        item.add_marker(pytest.mark.xdist_group("cluster" if name in ONE_CLUSTER else name))
+        item.add_marker(pytest.mark.xdist_group("cluster" if name(item) in ONE_CLUSTER else name(item)))
