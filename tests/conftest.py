@@ -35,24 +35,18 @@ def tiny_yaml(tmp_path_factory):
 
 
 # scripts/test.sh runs the suite on 2 pytest-xdist workers (a launch's imports and a 1-process run
-# each use one core, and leave the other idle). A test file runs whole on one worker: its module
-# fixtures (a file's shared training runs) are built once. The files that start the local Slurm
-# cluster or the two network-namespace hosts share fixed names (wm-node0/1, munge, job ids in
-# logs/), so they run on one worker, one after the other.
-ONE_CLUSTER = {"test_launch_slurm.py", "test_launch_multinode.py"}
-
-
-# The longest files start first, so that the two workers finish together instead of one running
-# test_train.py alone at the end.
-LONGEST_FIRST = ["test_train.py", "test_launch_slurm.py", "test_launch_multinode.py", "test_resume_edits.py",
-                 "test_faults.py", "test_config.py", "test_checkpoint_convert.py", "test_optim_zero.py",
-                 "test_motus.py", "test_speed.py"]
+# each use one core, and leave the other idle), a test file per worker (--dist loadfile): its module
+# fixtures (a file's shared training runs) are built once. The longest files start first, so that
+# the two workers finish together instead of one running test_train.py alone at the end; the two
+# files that bring up the local cluster (which take turns: tests.helpers.the_only_cluster) far apart.
+LONGEST_FIRST = ["test_train.py", "test_launch_slurm.py", "test_resume_edits.py", "test_faults.py", "test_config.py",
+                 "test_checkpoint_convert.py", "test_optim_zero.py", "test_motus.py", "test_speed.py",
+                 "test_launch_multinode.py"]
 
 
 def pytest_collection_modifyitems(config, items):
-    def name(item):
-        return os.path.basename(str(item.fspath))
+    def rank(item):
+        name = os.path.basename(str(item.fspath))
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
-    items.sort(key=lambda item: LONGEST_FIRST.index(name(item)) if name(item) in LONGEST_FIRST else len(LONGEST_FIRST))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("cluster" if name(item) in ONE_CLUSTER else name(item)))
+    items.sort(key=rank)

@@ -1,9 +1,12 @@
 """Run train/train.py as users do (torchrun, several processes) and read what it wrote."""
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from utils.dist import free_port
@@ -95,6 +98,15 @@ def config_from(tmp_path, sections):
 
 
 CLUSTER = os.path.join(ROOT, "scripts", "slurm", "local_cluster.sh")
+
+
+@contextlib.contextmanager
+def the_only_cluster():
+    """Held while a test module's local Slurm cluster or network-namespace hosts are up: they use fixed
+    names (wm-node0/1, munge's socket, job ids in logs/), so the test workers take turns."""
+    with open(os.path.join(tempfile.gettempdir(), "wm-local-cluster.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def sh(*cmd, env=None, timeout=120):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.helpers import CLUSTER, FAST, ROOT, losses, metrics, run_dir, sh
+from tests.helpers import CLUSTER, FAST, ROOT, losses, metrics, run_dir, sh, the_only_cluster
 
 pytestmark = [pytest.mark.netns, pytest.mark.distributed]
 
@@ -30,12 +30,13 @@ def cluster_env(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("needs root to create network namespaces")
     env = {**os.environ, "SLURM_LOCAL_DIR": str(tmp_path_factory.mktemp("cluster")), "PYTHONUNBUFFERED": "1"}
-    made = sh("bash", CLUSTER, "hosts", env=env, timeout=300)
-    if made.returncode != 0:
+    with the_only_cluster():
+        made = sh("bash", CLUSTER, "hosts", env=env, timeout=300)
+        if made.returncode != 0:
+            sh("bash", CLUSTER, "down", env=env)
+            pytest.skip(f"cannot create the two hosts (network namespaces) here: {made.stderr[-2000:]}")
+        yield env
         sh("bash", CLUSTER, "down", env=env)
-        pytest.skip(f"cannot create the two hosts (network namespaces) here: {made.stderr[-2000:]}")
-    yield env
-    sh("bash", CLUSTER, "down", env=env)
 
 
 def start(cmd, env):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.helpers import CLUSTER, FAST, ROOT, losses, metrics, run_dir, sh
+from tests.helpers import CLUSTER, FAST, ROOT, losses, metrics, run_dir, sh, the_only_cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 
@@ -34,10 +34,11 @@ def slurm_env(tmp_path_factory):
     state = str(tmp_path_factory.mktemp("slurm"))
     env = {**os.environ, "SLURM_LOCAL_DIR": state, "SLURM_CONF": os.path.join(state, "slurm.conf"),
            "PYTHONUNBUFFERED": "1"}
-    up = sh("bash", CLUSTER, "up", env=env, timeout=120)
-    assert up.returncode == 0, up.stdout + up.stderr
-    yield env
-    sh("bash", CLUSTER, "down", env=env)
+    with the_only_cluster():
+        up = sh("bash", CLUSTER, "up", env=env, timeout=120)
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield env
+        sh("bash", CLUSTER, "down", env=env)
 
 
 def submit(env, tmp, run_name, with_launch_sh=False):
