@@ -23,14 +23,28 @@ def torchrun(nproc, args, timeout=420, env=None, log_file=None, script=os.path.j
     carriage returns kept, comes back as the result's stdout). `script`: what torchrun starts."""
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), script, *args]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    # PYTHONFAULTHANDLER: on a timeout run_group's SIGABRT makes every process print where it stands
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
+                **(env or {})}
     if log_file is None:
         return run_group(cmd, timeout, capture_output=True, text=True, env=full_env)
-    with open(log_file, "wb") as f:
-        result = run_group(cmd, timeout, stdout=f, stderr=subprocess.STDOUT, env=full_env)
+    try:
+        with open(log_file, "wb") as f:
+            result = run_group(cmd, timeout, stdout=f, stderr=subprocess.STDOUT, env=full_env)
+    except subprocess.TimeoutExpired as timeout_error:
+        with open(log_file, errors="replace") as f:
+            raise Hung(timeout_error, f.read()) from None
     with open(log_file, newline="") as f:
         result.stdout, result.stderr = f.read(), ""
     return result
+
+
+class Hung(AssertionError):
+    """A command past its timeout, with the end of what it printed: the stacks each Python process
+    dumped on SIGABRT (PYTHONFAULTHANDLER) say where it stood."""
+
+    def __init__(self, error: subprocess.TimeoutExpired, output: str):
+        super().__init__(f"{error}\n--- the end of its output ---\n{output[-12000:]}")
 
 
 def run_group(cmd, timeout, capture_output=False, **popen):
@@ -42,11 +56,29 @@ def run_group(cmd, timeout, capture_output=False, **popen):
     with subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, **popen) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            stdout, stderr = stop_group(proc)
+            if capture_output:
+                raise Hung(error, f"{stdout}\n{stderr}" if popen.get("text") else repr((stdout, stderr))) from None
+            raise
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def stop_group(proc):
+    """SIGABRT first, so that Python processes started with PYTHONFAULTHANDLER print their stacks,
+    then SIGKILL for whatever is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGABRT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    time.sleep(2)  # the trainers outlive torchrun for a moment while they print
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate()
 
 
 def train(tmp, nproc, run_name, overrides=(), deepspeed="configs/zero2.json", config="configs/tiny.yaml",

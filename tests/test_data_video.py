@@ -124,3 +124,39 @@ def test_encode_mp4_pads_odd_sizes_and_keeps_fps_and_frames():
     assert got.shape == (6, 16, 22, 3)
     # the last row and column share their chroma samples with the black padding: compared apart
     assert np.abs(got[:, :14, :20].astype(int) - frames[:, :14, :20]).mean() < 3
+
+
+PRIORITY_AFTER_WRITING = """
+import os, subprocess, sys
+import av, numpy as np
+from utils.video_file import VideoEncoder, thread_scheduling
+if sys.argv[1] == "raw":  # PyAV alone
+    container = av.open(sys.argv[2], "w")
+    stream = container.add_stream("libsvtav1", rate=10)
+    stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+    container.mux(stream.encode(av.VideoFrame.from_ndarray(np.zeros((32, 32, 3), np.uint8), format="rgb24")))
+else:
+    encoder = VideoEncoder(sys.argv[2], 10, 32, 32)
+    encoder.write(np.zeros((32, 32, 3), np.uint8))
+    encoder.write(np.zeros((32, 32, 3), np.uint8))
+    encoder.close()
+child = subprocess.run([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"], capture_output=True, text=True)
+print(sorted(set(thread_scheduling().values())), child.stdout.strip())
+"""
+
+
+def test_writing_av1_leaves_the_process_and_its_children_at_normal_priority(tmp_path):
+    """Run as root, SVT-AV1 turns the thread that opens it real-time (SCHED_FIFO 99), and every process
+    started afterwards inherits it; VideoEncoder puts the threads back."""
+    import os
+    import subprocess
+    import sys
+
+    def after(how):
+        out = subprocess.run([sys.executable, "-c", PRIORITY_AFTER_WRITING, how, str(tmp_path / f"{how}.mp4")],
+                             capture_output=True, text=True, check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+        return out.stdout.strip().splitlines()[-1]
+
+    assert after("ours") == f"[({os.SCHED_OTHER}, 0)] {os.SCHED_OTHER}"
+    if os.geteuid() == 0:  # the promotion this guards against (SVT-AV1 only tries it as root)
+        assert f"({os.SCHED_FIFO}, 99)" in after("raw")

@@ -150,8 +150,9 @@ def test_gpu_check_worker_path_runs_on_cpu(tmp_path, capsys):
         assert r["expert_tokens"] == {"video": video, "action": action, "und": und}, r
         assert r["tokens_per_sample"] == video + action + und
         assert torch.isfinite(torch.tensor(r["loss"])) and r["step_s"] > 0
-        # step_s is rounded to 0.1 ms in the row, tokens_per_s comes from the unrounded time
-        assert r["tokens_per_s"] == pytest.approx(r["tokens_per_sample"] * r["batch"] / r["step_s"], rel=1e-3, abs=1)
+        # step_s is rounded to 0.1 ms in the row, tokens_per_s (rounded to 1) comes from the unrounded time
+        tokens = r["tokens_per_sample"] * r["batch"]
+        assert tokens / (r["step_s"] + 5e-5) - 0.5 <= r["tokens_per_s"] <= tokens / (r["step_s"] - 5e-5) + 0.5, r
         assert r["peak_gib"] is None and r["measured_over_predicted"] is None and r["mfu"] is None
         # the check's prediction is the memory model's own (summary.predict_peak rounds to 0.01 GiB)
         expected = predict_peak(gpu_check.check_config("tiny", r["optimizer"], 2, SMALL), r["batch"],

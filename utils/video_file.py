@@ -1,9 +1,11 @@
 """Writing mp4 files through PyAV: the one encoder behind dataset writers, evaluation reports and the
 videos sent to wandb. (Reading frames by timestamp is data/video.py's job.)"""
+import contextlib
 import fractions
 import io
 import os
-from typing import BinaryIO
+import threading
+from typing import BinaryIO, Iterator
 
 import av
 import numpy as np
@@ -36,11 +38,50 @@ class VideoEncoder:
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb, dtype=np.uint8), format="rgb24")
         frame.pts = self.count
         self.count += 1
-        self.container.mux(self.stream.encode(frame))
+        if frame.pts:
+            self.container.mux(self.stream.encode(frame))
+        else:  # the first frame opens the codec
+            with keep_scheduling():
+                self.container.mux(self.stream.encode(frame))
 
     def close(self) -> None:
-        self.container.mux(self.stream.encode())
-        self.container.close()
+        with keep_scheduling():
+            self.container.mux(self.stream.encode())
+            self.container.close()
+
+
+def thread_scheduling() -> dict[int, tuple[int, int]]:
+    """Each thread of this process (its id) -> (scheduling policy, priority)."""
+    threads = {}
+    for name in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            threads[int(name)] = (os.sched_getscheduler(int(name)), os.sched_getparam(int(name)).sched_priority)
+    return threads
+
+
+@contextlib.contextmanager
+def keep_scheduling() -> Iterator[None]:
+    """Puts every thread of this process back to the scheduling it had before the block; threads
+    started inside the block get the calling thread's.
+
+    Why: run as root (containers, CI) SVT-AV1 gives the thread that opens an encoder, and its own
+    worker threads, real-time priority (SCHED_FIFO 99) for good. The process kept it after the video
+    was written, and passed it to every process it started later: DataLoader workers, trainers,
+    simulators. Real-time threads that wait on each other on the same core starve one another (a
+    SCHED_FIFO thread runs until it blocks), so a run could stall for minutes."""
+    if not os.path.isdir("/proc/self/task"):  # not Linux: no such promotion seen
+        yield
+        return
+    before = thread_scheduling()
+    caller = before[threading.get_native_id()]
+    try:
+        yield
+    finally:
+        for tid, now in thread_scheduling().items():
+            policy, priority = before.get(tid, caller)
+            if now != (policy, priority):
+                with contextlib.suppress(OSError):
+                    os.sched_setscheduler(tid, policy, os.sched_param(priority))
 
 
 def encode_mp4(frames: np.ndarray, fps: float) -> bytes:

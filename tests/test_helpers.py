@@ -1,0 +1,30 @@
+"""The suite's own launcher: a command past its timeout is stopped whole and says where it stood."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import Hung, run_group
+
+SLEEPER = "import time\ndef wait_here():\n    time.sleep(600)\nwait_here()\n"
+
+
+@pytest.mark.parametrize("capture", [True, False])
+def test_a_hung_command_is_killed_with_its_stack_in_the_error(tmp_path, capture):
+    child_pid = tmp_path / "child.pid"
+    # a parent that starts a child and waits on it, as torchrun waits on its trainers
+    parent = ("import os, subprocess, sys\n"
+              f"child = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}])\n"
+              f"open({str(child_pid)!r}, 'w').write(str(child.pid))\nchild.wait()\n")
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    log = open(tmp_path / "log", "wb")
+    popen = dict(capture_output=True, text=True) if capture else dict(stdout=log, stderr=subprocess.STDOUT)
+    with pytest.raises(Hung if capture else subprocess.TimeoutExpired) as caught:
+        run_group([sys.executable, "-c", parent], 3, env=env, **popen)
+    log.close()
+    output = str(caught.value) if capture else (tmp_path / "log").read_text()
+    assert 'line 3 in wait_here' in output, output  # the child's stack, from faulthandler
+    pid = int(child_pid.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
