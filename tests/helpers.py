@@ -48,36 +48,53 @@ class Hung(AssertionError):
 
 
 def run_group(cmd, timeout, capture_output=False, **popen):
-    """subprocess.run in its own process group: on a timeout the whole group is killed, torchrun's
-    trainers included (killing torchrun alone leaves them running, holding the cores the next test needs);
-    so is it when the test run is interrupted (its own group no longer gets the terminal's Ctrl-C)."""
+    """subprocess.run that, on a timeout or an interrupt, kills the command with every process it
+    started (torchrun starts each trainer in a session of its own, so a process group is not enough;
+    trainers left running hold the cores the next test needs)."""
     if capture_output:
         popen.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     with subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, **popen) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as error:
-            stdout, stderr = stop_group(proc)
+            stdout, stderr = stop_tree(proc)
             if capture_output:
                 raise Hung(error, f"{stdout}\n{stderr}" if popen.get("text") else repr((stdout, stderr))) from None
             raise
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill(process_tree(proc.pid), signal.SIGKILL)
             proc.communicate()
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def stop_group(proc):
-    """SIGABRT first, so that Python processes started with PYTHONFAULTHANDLER print their stacks,
-    then SIGKILL for whatever is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGABRT)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-    time.sleep(2)  # the trainers outlive torchrun for a moment while they print
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def process_tree(pid):
+    """pid and all its descendants, parents first."""
+    children = {}
+    for name in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{name}/stat") as f:  # "pid (comm) state ppid ...": comm may hold spaces
+                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(name))
+    tree = [pid]
+    for parent in tree:
+        tree.extend(children.get(parent, []))
+    return tree
+
+
+def kill(pids, sig):
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def stop_tree(proc):
+    """SIGABRT to the command's descendants first, so that Python processes started with
+    PYTHONFAULTHANDLER print their stacks (a trainer stuck in a collective says which), then SIGKILL
+    to all of them."""
+    tree = process_tree(proc.pid)
+    kill(tree[1:] or tree, signal.SIGABRT)
+    time.sleep(3)
+    kill(tree, signal.SIGKILL)
     return proc.communicate()
 
 

@@ -13,9 +13,9 @@ SLEEPER = "import time\ndef wait_here():\n    time.sleep(600)\nwait_here()\n"
 @pytest.mark.parametrize("capture", [True, False])
 def test_a_hung_command_is_killed_with_its_stack_in_the_error(tmp_path, capture):
     child_pid = tmp_path / "child.pid"
-    # a parent that starts a child and waits on it, as torchrun waits on its trainers
+    # a parent that starts a child in a session of its own and waits on it, as torchrun does its trainers
     parent = ("import os, subprocess, sys\n"
-              f"child = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}])\n"
+              f"child = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], start_new_session=True)\n"
               f"open({str(child_pid)!r}, 'w').write(str(child.pid))\nchild.wait()\n")
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     log = open(tmp_path / "log", "wb")

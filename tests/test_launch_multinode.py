@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.helpers import CLUSTER, FAST, ROOT, losses, metrics, run_dir, sh, the_only_cluster
+from tests.helpers import CLUSTER, FAST, ROOT, kill, losses, metrics, process_tree, run_dir, sh, the_only_cluster
 
 pytestmark = [pytest.mark.netns, pytest.mark.distributed]
 
@@ -43,12 +43,6 @@ def start(cmd, env):
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def process_tree(pid):
-    """pid and all its descendants (torchrun starts its workers in sessions of their own)."""
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [pid] + [p for child in children for p in process_tree(int(child))]
-
-
 def finish(procs):
     """Wait for all; on a timeout kill them with every worker they started."""
     outputs = []
@@ -56,11 +50,7 @@ def finish(procs):
         try:
             outputs.append(proc.communicate(timeout=TIMEOUT)[0])
         except subprocess.TimeoutExpired:
-            for pid in [p for proc in procs for p in process_tree(proc.pid)]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill([pid for proc in procs for pid in process_tree(proc.pid)], signal.SIGKILL)
             pytest.fail(f"no result after {TIMEOUT} s:\n" + "\n".join(p.communicate()[0][-3000:] for p in procs))
     for proc, out in zip(procs, outputs):
         assert proc.returncode == 0, out[-6000:]
