@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -107,9 +108,18 @@ KILL_POINTS = [("shard", 2), ("fsync_write", 4), ("replace", 1), ("fsync_write",
                ("rmtree", 2)]
 
 
+@pytest.fixture(scope="module")
+def saved_at_10(tmp_path_factory):
+    """A run folder holding one complete checkpoint (step 10), copied by each kill test."""
+    run = tmp_path_factory.mktemp("saved_at_10")
+    assert run_child(run, [10], limit=1).returncode == 0
+    return run
+
+
 @pytest.mark.parametrize("kill", KILL_POINTS)
-def test_kill_during_save_never_leaves_a_loadable_partial(tmp_path, kill):
-    assert run_child(tmp_path, [10], limit=1).returncode == 0
+def test_kill_during_save_never_leaves_a_loadable_partial(saved_at_10, tmp_path, kill):
+    tmp_path = tmp_path / "run"
+    shutil.copytree(saved_at_10, tmp_path)
     before = digest(tmp_path / "checkpoint_step_10")
     result = run_child(tmp_path, [20], limit=1, kill=list(kill))
     assert result.returncode == -9, result.stderr
