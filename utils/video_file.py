@@ -32,22 +32,19 @@ class VideoEncoder:
         self.stream = self.container.add_stream(codec, rate=rate, options=options)
         self.stream.width, self.stream.height = width, height
         self.stream.pix_fmt = "yuv420p"
+        with keep_scheduling():  # opening SVT-AV1 is what raises the priority
+            self.stream.codec_context.open()
         self.count = 0
 
     def write(self, rgb: np.ndarray) -> None:
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb, dtype=np.uint8), format="rgb24")
         frame.pts = self.count
         self.count += 1
-        if frame.pts:
-            self.container.mux(self.stream.encode(frame))
-        else:  # the first frame opens the codec
-            with keep_scheduling():
-                self.container.mux(self.stream.encode(frame))
+        self.container.mux(self.stream.encode(frame))
 
     def close(self) -> None:
-        with keep_scheduling():
-            self.container.mux(self.stream.encode())
-            self.container.close()
+        self.container.mux(self.stream.encode())
+        self.container.close()
 
 
 def thread_scheduling() -> dict[int, tuple[int, int]]:
