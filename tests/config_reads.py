@@ -7,6 +7,7 @@ attribute or item access on the OmegaConf config (`cfg.training.batch_size`), or
 section objects the model builds from it (`WorldModel.settings`). tests/test_config.py runs this
 to find schema keys that nothing uses.
 """
+import atexit
 import dataclasses
 import json
 import os
@@ -92,11 +93,12 @@ def main():
     for module, name in ((recipe, "load_config"), (launch, "check_launch")):
         _quiet_while(module, name)
         _quiet_while(trainer, name)
-    try:
-        trainer.main(argv)
-    finally:
+    def write_reads():
         with open(out, "w") as f:
             json.dump(sorted(READ), f)
+
+    atexit.register(write_reads)  # main() ends the process itself (utils/dist.leave), exit handlers first
+    trainer.main(argv)
 
 
 if __name__ == "__main__":

@@ -186,3 +186,30 @@ def test_other_launchers_give_the_same_run(runs, tmp_path, launcher):
     _, out = runs
     ref = losses(out["w2_zero2"])
     assert losses(metrics(tmp_path, launcher)) == {1: ref[1], 2: ref[2]}
+
+
+STUCK_TEARDOWN = """import atexit, os, sys, time
+sys.path.insert(0, {root!r})
+from train import train as trainer
+
+class StuckState(trainer.TrainerState):
+    def __del__(self):  # never returns, as a destructor joining a gloo thread that waits for the GIL
+        time.sleep(3600)
+
+trainer.TrainerState = StuckState
+atexit.register(lambda: open({marker!r}, "w").write(str(os.getpid())))
+trainer.run_guarded(trainer.main)
+"""
+
+
+def test_a_finished_run_exits_without_the_interpreter_teardown(tmp_path):
+    """train.py ends with utils/dist.leave: the exit handlers run, the teardown of the trainer's
+    objects does not. Here a local of main() (its TrainerState) has a destructor that never returns:
+    freed, it would hold the rank after its last line, as a gloo group joined by a destructor that
+    holds the GIL did (1 DDP run in 10)."""
+    launcher, marker = tmp_path / "stuck_teardown.py", tmp_path / "exit_handlers_ran"
+    launcher.write_text(STUCK_TEARDOWN.format(root=ROOT, marker=str(marker)))
+    result = train(tmp_path, 1, "leave", ["training.max_steps=1", "system.save_interval=1"], deepspeed=None,
+                   script=str(launcher), timeout=120)
+    assert "Training finished at step 1." in result.stdout
+    assert marker.read_text().isdigit()

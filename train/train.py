@@ -275,11 +275,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                         preemption.signal, step, REQUEUE_EXIT_CODE)
             metrics.close()
             dist.shutdown()
-            sys.exit(REQUEUE_EXIT_CODE)
+            dist.leave(REQUEUE_EXIT_CODE)
     metrics.close()
     if dist.is_main():
         print_summary(run_dir, cfg, state.step)
     dist.shutdown()
+    dist.leave(0)
 
 
 if __name__ == "__main__":
