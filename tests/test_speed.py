@@ -26,19 +26,23 @@ def tiny_inputs(encoders, batch_size=2):
     return encoders.encode(batch).replace(noise_seeds=torch.tensor([11, 12][:batch_size]))
 
 
-@pytest.mark.parametrize("device, backend", [
+# The compile tests run on the CPU through `aot_eager`: dynamo's capture and AOTAutograd's joint
+# forward/backward (with the checkpoint's recompute), which is what our code shapes (graph breaks,
+# recompiles, saved activations), with eager kernels. Inductor's CPU C++ build of these graphs costs
+# 2.5 min of a cold 2-core CI machine and tests torch's code generator, not ours; on a GPU they run
+# inductor, as training does (`pytest -m gpu`).
+CPU_AND_GPU_BACKENDS = pytest.mark.parametrize("device, backend", [
     ("cpu", "aot_eager"),
     pytest.param("cuda", "inductor", marks=[pytest.mark.gpu, pytest.mark.skipif(
         not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
 ])
+
+
+@CPU_AND_GPU_BACKENDS
 def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer(monkeypatch, device, backend):
     """The tiny model, fp32, with gradient checkpointing: the losses (forward) and every gradient
     (backward, with the recompute) of the compiled layer against eager, within float round-off;
-    both layers run one compiled graph. On the CPU the graph runs through `aot_eager`: dynamo's
-    capture and AOTAutograd's joint forward/backward with the checkpoint's recompute (what our code
-    shapes: graph breaks, recompiles, the saved activations), with eager kernels; inductor's CPU
-    C++ build of that graph costs 90 s of a cold CI machine and tests torch's code generator, not
-    ours (the VAE encoder test below keeps one inductor build). On a GPU: inductor, as training runs."""
+    both layers run one compiled graph."""
     import functools
 
     from torch._dynamo.utils import counters
@@ -78,17 +82,22 @@ def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer(monkeypat
         assert (compiled_grads[name] - want).abs().max() / scale < 1e-4, name
 
 
-def test_compiled_vae_encoder_gives_the_eager_latents():
+@CPU_AND_GPU_BACKENDS
+def test_compiled_vae_encoder_gives_the_eager_latents(monkeypatch, device, backend):
     """`compile` also compiles the frozen VAE's encoder (most of the tiny step's encode time): the
     latents of a batch equal the eager ones within float round-off, the decoder stays eager, and
     the encoder keeps its parameter names (nothing saved or loaded changes). One frame: the Wan VAE
     encodes a clip as a first frame, then chunks of 4 frames with a cache, each its own graph; the
-    second graph would cost another minute of C++ build on 2 cores and run no line of ours."""
+    second graph would cost another build and run no line of ours."""
+    import functools
+
     from models import build_world_model
 
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     cfg = load_config("configs/tiny.yaml")
     _, encoders = build_world_model(cfg)
-    video = torch.rand(2, 1, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    encoders.to(device)
+    video = (torch.rand(2, 1, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1).to(device)
     names = [n for n, _ in encoders.vae.named_parameters()]
     eager = encoders.encode_video(video)
     torch._dynamo.reset()
