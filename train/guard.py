@@ -98,7 +98,7 @@ def stop(message: str, code: int) -> NoReturn:
     """End the run: the message once, on the main rank; the same exit code on every rank."""
     if dist.is_main():
         print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(code)
+    dist.leave(code)
 
 
 def run_guarded(main: Callable[[], None]) -> None:

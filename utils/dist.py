@@ -75,8 +75,8 @@ def shutdown() -> None:
 
 
 def leave(code: int) -> NoReturn:
-    """End the process with `code` once the run is over: its files written and closed, its process
-    group destroyed (shutdown). The exit handlers run (wandb, multiprocessing's children, logging);
+    """End the trainer's process with `code`: at the end of a run (its files written and closed, its
+    process group destroyed: shutdown) and on an error that stops it. The exit handlers run (wandb, multiprocessing's children, logging);
     the interpreter's teardown of the trainer's objects does not. That teardown frees them in
     whatever order their references fall, and a DDP run's gloo group can be freed by a destructor
     that holds the GIL while it joins a gloo worker thread that waits for the GIL to free a tensor
@@ -147,4 +147,4 @@ def die(message: str | BaseException, code: int = 2) -> NoReturn:
     """Print a start-up error for the person at the terminal and exit non-zero."""
     prefix = f"[rank {rank()}] " if world_size() > 1 else ""
     print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
-    sys.exit(code)
+    leave(code)
