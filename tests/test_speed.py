@@ -1,6 +1,7 @@
 """The `system.speed` switches: regional compilation gives the eager numbers and one graph for
 every layer, impossible combinations are refused at load or launch, the backend flags and DDP's
 options reach torch."""
+import functools
 import os
 import re
 
@@ -31,32 +32,31 @@ def tiny_inputs(encoders, batch_size=2):
 # recompiles, saved activations), with eager kernels. Inductor's CPU C++ build of these graphs costs
 # 2.5 min of a cold 2-core CI machine and tests torch's code generator, not ours; on a GPU they run
 # inductor, as training does (`pytest -m gpu`).
-CPU_AND_GPU_BACKENDS = pytest.mark.parametrize("device, backend", [
-    ("cpu", "aot_eager"),
-    pytest.param("cuda", "inductor", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
-])
+@pytest.fixture(params=[("cpu", "aot_eager"), pytest.param(("cuda", "inductor"), marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])],
+    ids=["cpu-aot_eager", "cuda-inductor"])
+def compile_device(request, monkeypatch):
+    """The device a compile test runs on, with torch.compile set to that device's backend."""
+    device, backend = request.param
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
+    return device
 
 
-@CPU_AND_GPU_BACKENDS
-def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer(monkeypatch, device, backend):
+def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer(compile_device):
     """The tiny model, fp32, with gradient checkpointing: the losses (forward) and every gradient
     (backward, with the recompute) of the compiled layer against eager, within float round-off;
     both layers run one compiled graph."""
-    import functools
-
     from torch._dynamo.utils import counters
 
     from models import build_world_model
 
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     cfg = load_config("configs/tiny.yaml", ["model.gradient_checkpointing=true"])
     torch.manual_seed(0)
     model, encoders = build_world_model(cfg)
     with torch.no_grad():  # a trained-like decoder, so the action path shows in the outputs
         model.action_expert.proj_out.weight.normal_(0, 0.1)
     inputs = tiny_inputs(encoders)
-    model, inputs = model.to(device), inputs.to(device)
+    model, inputs = model.to(compile_device), inputs.to(compile_device)
 
     def losses_and_grads():
         model.zero_grad(set_to_none=True)
@@ -82,22 +82,18 @@ def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer(monkeypat
         assert (compiled_grads[name] - want).abs().max() / scale < 1e-4, name
 
 
-@CPU_AND_GPU_BACKENDS
-def test_compiled_vae_encoder_gives_the_eager_latents(monkeypatch, device, backend):
+def test_compiled_vae_encoder_gives_the_eager_latents(compile_device):
     """`compile` also compiles the frozen VAE's encoder (most of the tiny step's encode time): the
     latents of a batch equal the eager ones within float round-off, the decoder stays eager, and
     the encoder keeps its parameter names (nothing saved or loaded changes). One frame: the Wan VAE
     encodes a clip as a first frame, then chunks of 4 frames with a cache, each its own graph; the
     second graph would cost another build and run no line of ours."""
-    import functools
-
     from models import build_world_model
 
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     cfg = load_config("configs/tiny.yaml")
     _, encoders = build_world_model(cfg)
-    encoders.to(device)
-    video = (torch.rand(2, 1, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1).to(device)
+    encoders.to(compile_device)
+    video = (torch.rand(2, 1, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1).to(compile_device)
     names = [n for n, _ in encoders.vae.named_parameters()]
     eager = encoders.encode_video(video)
     torch._dynamo.reset()
