@@ -39,7 +39,7 @@ class ConstantPolicy:
     def metadata(self) -> dict[str, Any]:
         return {"observation_keys": self.keys, "action_shape": [self.chunk, len(self.action)],
                 "action_chunk_size": self.chunk, "action_dim": len(self.action),
-                "checkpoint": self.loaded.checkpoint, "config_hash": None}
+                "checkpoint": self.loaded.checkpoint, "config_hash": None, "weights": None}
 
     def check(self, obs: dict[str, Any]) -> dict[str, Any]:
         missing = [k for k in self.keys if k not in obs]

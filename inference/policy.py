@@ -82,7 +82,8 @@ class Policy:
                 "image_keys": list(self.serving.image_keys), "prompt_key": self.serving.prompt_key,
                 "state_key": self.serving.state_key if self.use_state else None, "frame_layout": self.frame_layout,
                 "num_inference_timesteps": self.num_steps or self.model.settings.inference.num_inference_timesteps,
-                "checkpoint": self.loaded.checkpoint, "config_hash": self.loaded.config_hash}
+                "checkpoint": self.loaded.checkpoint, "config_hash": self.loaded.config_hash,
+                "weights": self.loaded.weights}
 
     def check(self, obs: object) -> Checked:
         """-> (images, state or None, prompt) of a well-formed observation; else ObservationError."""

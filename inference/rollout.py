@@ -187,6 +187,7 @@ def rollout(args: argparse.Namespace, tmp: str, argv: list[str]) -> dict[str, An
         "episodes": len(seeds), "seeds": seeds, "steps": steps, "replan": replan, "action_chunk": chunk,
         "image_size": list(image_size), "workers": workers,
         "policy": {"uri": uri, "checkpoint": meta.get("checkpoint"), "config_hash": meta.get("config_hash"),
+                   "weights": meta.get("weights"),
                    "server_started_by_rollout": server is not None,
                    "num_inference_timesteps": meta.get("num_inference_timesteps")},
         "observation_map": {task_key[role]: key for key, role in roles.items()},

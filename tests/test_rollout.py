@@ -299,6 +299,7 @@ def test_checkpoint_is_served_for_the_rollout_and_stopped(aloha_export, tmp_path
     pol = report["policy"]
     assert pol["checkpoint"] == aloha_export and pol["server_started_by_rollout"]
     assert pol["config_hash"] == config_hash(load_recipe(aloha_export, None, overrides)[0])
+    assert pol["weights"] == "raw"  # an export of raw weights, no EMA
     assert report["image_size"] == [64, 64] and report["action_chunk"] == 8 and list(report["results"]) == ["policy"]
     assert report["observation_map"] == {"observation.images.top": "observation/image",
                                          "observation.state": "observation/state", "instruction": "prompt"}

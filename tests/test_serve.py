@@ -64,6 +64,7 @@ def test_metadata_describes_the_observation_and_the_chunk(server, reference):
                                         "observation/state": {"shape": [8], "dtype": "float32"},
                                         "prompt": {"shape": [], "dtype": "str"}}
     assert meta["action_shape"] == [8, 4] and meta["num_inference_timesteps"] == 2
+    assert meta["weights"] == reference.loaded.weights == "raw"  # tiny.yaml trains without the EMA
 
 
 def test_concurrent_clients_get_the_in_process_actions_and_bad_requests_an_error(server, reference):
