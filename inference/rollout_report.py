@@ -98,7 +98,8 @@ def markdown(report: dict[str, Any]) -> str:
     r = report
     lines = [f"# Closed-loop rollout: {r['task']} ({r['gym_id']})", "",
              f"Policy `{r['policy']['uri']}`, checkpoint `{r['policy'].get('checkpoint')}`, config hash "
-             f"`{r['policy'].get('config_hash')}`, weights `{r['policy'].get('weights')}`. {r['episodes']} episodes on evaluation seeds "
+             f"`{r['policy'].get('config_hash')}`, weights `{r['policy'].get('weights')}`. "
+             f"{r['episodes']} episodes on evaluation seeds "
              f"{r['seeds'][0]}..{r['seeds'][-1]}, at most {r['steps']} steps each; success: {r['success_rule']}. "
              f"Rendered at {r['image_size'][0]}x{r['image_size'][1]}, a chunk of {r['action_chunk']} actions "
              f"executed {r['replan']} steps before the next query. Instruction: \"{r['instruction']}\".", "",

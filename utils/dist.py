@@ -78,11 +78,11 @@ def leave(code: int) -> NoReturn:
     """End the trainer's process with `code`: at the end of a run (its files written and closed, its
     process group destroyed: shutdown) and on an error that stops it. The exit handlers run (wandb,
     multiprocessing's children, logging); the interpreter's teardown of the trainer's objects does
-    not. That teardown frees them in
-    whatever order their references fall, and a DDP run's gloo group can be freed by a destructor
-    that holds the GIL while it joins a gloo worker thread that waits for the GIL to free a tensor
-    of the last collective: the rank hangs after its last line (torch 2.13, about one 2-process
-    DDP run in ten on a busy machine; gdb showed the worker in ~AsyncAllgatherWork, in take_gil)."""
+    not. That teardown frees them in whatever order their references fall, and a DDP run's gloo
+    group can be freed by a destructor that holds the GIL while it joins a gloo worker thread that
+    waits for the GIL to free a tensor of the last collective: the rank hangs after its last line
+    (torch 2.13, about one 2-process DDP run in ten on a busy machine; gdb showed the worker in
+    ~AsyncAllgatherWork, in take_gil)."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
