@@ -38,7 +38,7 @@ def _step(engine, encoders, stream, cfg, step):
     batch = to_device(next(stream), engine.device)
     inputs = encoders.encode(batch).replace(noise_seeds=noise_seeds(cfg.training.seed, step, batch))
     engine.micro_step(inputs, is_last=True)
-    engine.optimizer_step()
+    engine.optimizer_step(step)
 
 
 def _sync(engine):
@@ -71,6 +71,7 @@ def worker(args):
     encoders.to(engine.device)
     stream = build_train_stream(train_set, cfg, dist.rank(), dist.world_size())
     engine.train()
+    ema, engine.ema = engine.ema, None  # updated by hand below, so that "off" skips it and "on" times it alone
     step, times, updates = 0, {"off": [], "on": []}, []
     for r in range(args.warmup + args.rounds):
         for variant in (("off", "on") if r % 2 == 0 else ("on", "off")):
@@ -81,7 +82,7 @@ def worker(args):
                 _step(engine, encoders, stream, cfg, step)
                 if variant == "on":
                     t0 = time.perf_counter()
-                    engine.ema.update(step)
+                    ema.update(step)
                     if engine.device.type == "cuda":
                         torch.cuda.synchronize()
                     updates.append(time.perf_counter() - t0)
@@ -91,7 +92,7 @@ def worker(args):
     if dist.is_main():
         with open(args.raw, "w") as f:
             json.dump({"times": times, "updates": updates[args.warmup * args.steps:],
-                       "ema_bytes": engine.ema.nbytes, "world_size": dist.world_size(),
+                       "ema_bytes": ema.nbytes, "world_size": dist.world_size(),
                        "device": str(engine.device)}, f)
 
 

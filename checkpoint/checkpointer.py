@@ -221,12 +221,29 @@ def checkpoint_size(path: str) -> int:
 
 
 class Checkpointer:
-    """Saves and restores the registered parts of a run (checkpoint/state.py), crash-safe."""
+    """Saves and restores the registered parts of a run (checkpoint/state.py), crash-safe, and decides
+    when the trainer saves (`maybe_save`)."""
 
-    def __init__(self, run_dir: str, cfg: DictConfig) -> None:
-        """`cfg`: the run's config; its system.total_limit is the retention."""
+    def __init__(self, run_dir: str, cfg: DictConfig, parts: Registry | None = None,
+                 health: Callable[[int], dict[str, bool]] | None = None) -> None:
+        """`cfg`: the run's config (system.save_interval, system.total_limit: the retention). `parts`:
+        what a checkpoint holds; `health(step)`: what the save of `step` records in its manifest
+        ({"weights_finite", "loss_finite"}), raising instead when it must not be saved. `save` and
+        `load` also take their parts explicitly."""
         self.run_dir = run_dir
         self.cfg = cfg
+        self.parts = parts if parts is not None else Registry()
+        self.health = health
+
+    def maybe_save(self, step: int, last: bool, preempted: bool) -> str | None:
+        """Collective. Save the registered parts after update `step` when it is due (a multiple of
+        system.save_interval), the last one, or the run was preempted; the saved folder, else None."""
+        if not (step % self.cfg.system.save_interval == 0 or last or preempted):
+            return None
+        assert self.health is not None, "maybe_save needs the health callable given at construction"
+        path = self.save(step, self.parts, self.health(step))
+        log.info("saved %s", path)
+        return path
 
     def remove_interrupted_saves(self) -> None:
         """Temporary folders of saves that were killed: never loadable, safe to delete (rank 0)."""
@@ -368,9 +385,9 @@ class Checkpointer:
             log.warning("retention could not delete an old checkpoint of %s (%s); it is retried at the next "
                         "save", self.run_dir, e)
 
-    def load(self, path: str, parts: Registry) -> None:
-        """Collective: restore every part of `parts` registered to be restored, in registration order.
-        `path` comes from resolve_resume_path, which verified every file's checksum."""
+    def load(self, path: str, parts: Registry | None = None) -> None:
+        """Collective: restore every part of `parts` (default: the registered ones) registered to be restored,
+        in registration order. `path` comes from resolve_resume_path, which verified every file's checksum."""
         world_size = saved_world_size(path)
-        for name, part in parts.restored():
+        for name, part in (parts if parts is not None else self.parts).restored():
             part.load(os.path.join(path, name), world_size)

@@ -60,8 +60,8 @@ def micro_step(self, inputs, is_last):
     return ORIGINAL[type(self)][0](self, inputs, is_last)
 
 
-def optimizer_step(self):
-    norm, skipped = ORIGINAL[type(self)][1](self)
+def optimizer_step(self, step_number):
+    norm, skipped = ORIGINAL[type(self)][1](self, step_number)
     step = current["step"]
     if current["before"] is not None:
         after = _tensors(self)

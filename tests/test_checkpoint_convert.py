@@ -103,21 +103,37 @@ def gather_state(engine):
             "buffers": {n: b.clone() for n, b in engine.module.named_buffers()}}
 
 
-def make_ema(engine, EMA):
-    """The trainer's EMA over this engine: the ZeRO partitions, or whole parameters at stage 0."""
-    from optim.deepspeed_adapter import fp32_partitions
-    settings = types.SimpleNamespace(enabled=True, decay=0.5, update_every=1, start_step=0)
-    if engine.zero_optimization():
-        return EMA(settings, fp32_partitions(engine), zero_engine=engine)
-    named = list(engine.module.named_parameters())
-    return EMA(settings, [p for _, p in named], names=[n for n, _ in named])
+class EngineEMA:
+    """The trainer's EMA over this DeepSpeed engine and its files, as train/deepspeed_engine.py keeps them:
+    the ZeRO partitions, or whole parameters by name at stage 0."""
+
+    def __init__(self, engine):
+        from optim.deepspeed_adapter import fp32_partitions
+        from train.ema import EMA
+        settings = types.SimpleNamespace(enabled=True, decay=0.5, update_every=1, start_step=0)
+        self.engine, self.zero = engine, engine.zero_optimization()
+        self.names = [n for n, _ in engine.module.named_parameters()]
+        self.ema = EMA(settings, fp32_partitions(engine) if self.zero else list(engine.module.parameters()))
+
+    def update(self, step):
+        self.ema.update(step)
+
+    def save(self, folder):
+        from train.deepspeed_engine import save_partitioned_ema
+        from train.engine import save_named_ema
+        save_partitioned_ema(self.ema, folder) if self.zero else save_named_ema(self.ema, self.names, folder)
+
+    def load(self, folder, saved_world_size):
+        from train.deepspeed_engine import load_partitioned_ema
+        from train.engine import load_named_ema
+        assert (load_partitioned_ema(self.ema, self.engine, folder, saved_world_size) if self.zero
+                else load_named_ema(self.ema, self.names, folder))
 
 
 def worker(phase, root, combos):
     import deepspeed
 
     from checkpoint.zero import reshard_if_needed, save_layout
-    from train.ema import EMA
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     source = {"train": None, "shrink": "train", "grow": "shrink"}[phase]
@@ -133,7 +149,7 @@ def worker(phase, root, combos):
                   "gradient_clipping": 1.0, "zero_optimization": {"stage": int(stage)},
                   "zero_allow_untested_optimizer": True, "steps_per_print": 10 ** 9}
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-        ema = make_ema(engine, EMA)
+        ema = EngineEMA(engine)
         out = os.path.join(root, phase, combo)
         if source:
             resharded = reshard_if_needed(engine, os.path.join(root, source, combo, "engine"), source_world)

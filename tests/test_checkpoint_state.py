@@ -99,8 +99,7 @@ def test_the_trainers_parts_round_trip_and_the_world_size_is_stored_once(tmp_pat
     for step in (1, 2):
         schedule.apply(engine.param_groups)
         engine.unwrapped_model()(torch.randn(4, 3)).pow(2).mean().backward()
-        engine.optimizer_step()
-        engine.ema.update(step)
+        engine.optimizer_step(step)  # and the EMA's update
         stream.batches += 1  # one batch of 2 drawn
         state.step, state.samples_seen = step, step * 2
     path = ck.Checkpointer(str(tmp_path), cfg).save(2, parts, GOOD)

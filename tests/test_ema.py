@@ -2,13 +2,13 @@
 recomputation from the raw weights of every step, the validation swap, and its checkpoint file.
 The ZeRO-1/2 partitions at W=1 and W=2 are tested end to end in tests/test_train.py, their move to
 another world size in tests/test_checkpoint_convert.py."""
-import logging
 import types
 
 import pytest
 import torch
 
 from train.ema import EMA, decay_at, updates_at
+from train.engine import load_named_ema, save_named_ema
 
 
 def settings(decay=0.3, update_every=1, start_step=0):
@@ -40,7 +40,7 @@ def test_ema_matches_a_recomputation_from_the_raw_weights():
     model, optimizer = model_and_optimizer()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     s = settings(decay=0.3, update_every=2, start_step=3)
-    ema = EMA(s, [p for _, p in named], names=[n for n, _ in named])
+    ema = EMA(s, [p for _, p in named])
     raw = {}
     for step in range(1, 12):
         train_step(model, optimizer, step)
@@ -59,7 +59,7 @@ def test_ema_matches_a_recomputation_from_the_raw_weights():
 def test_swap_gives_the_model_the_ema_and_restores_it_exactly():
     model, optimizer = model_and_optimizer()
     params = [p for p in model.parameters() if p.requires_grad]
-    ema = EMA(settings(), params, names=[str(i) for i in range(len(params))])
+    ema = EMA(settings(), params)
     for step in (1, 2, 3):
         train_step(model, optimizer, step)
         ema.update(step)
@@ -80,14 +80,14 @@ def test_the_loop_validates_with_the_ema_swapped_in_once_it_holds_an_average(mon
 
     model, optimizer = model_and_optimizer()
     params = [p for p in model.parameters() if p.requires_grad]
-    ema = EMA(settings(), params, names=[str(i) for i in range(len(params))])
+    ema = EMA(settings(), params)
     seen = []
 
     def validate(engine, *args):
         seen.append([p.detach().clone() for p in params])
         return {"loss": float(len(seen))}, "pictures"
     monkeypatch.setattr(trainer, "validate", validate)
-    engine = types.SimpleNamespace(ema=ema)
+    engine = types.SimpleNamespace(ema=ema, ema_swapped_in=ema.swapped_in)
     assert trainer.validate_raw_and_ema(engine, None, None, None, None) == ({"loss": 1.0}, "pictures")
     for step in (1, 2, 3):
         train_step(model, optimizer, step)
@@ -99,25 +99,23 @@ def test_the_loop_validates_with_the_ema_swapped_in_once_it_holds_an_average(mon
     assert all(torch.equal(p, r) for p, r in zip(params, raw))  # swapped back
 
 
-def test_saved_ema_loads_by_name_and_a_checkpoint_without_one_restarts_it(tmp_path, caplog):
+def test_saved_ema_loads_by_name_and_a_folder_without_one_is_reported(tmp_path):
     model, optimizer = model_and_optimizer()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    ema = EMA(settings(), [p for _, p in named], names=[n for n, _ in named])
+    ema = EMA(settings(), [p for _, p in named])
     for step in (1, 2):
         train_step(model, optimizer, step)
         ema.update(step)
-    ema.save(str(tmp_path))
+    save_named_ema(ema, [n for n, _ in named], str(tmp_path))
     # another parameter order (like MuonAdamW's at another world size): restored by name
-    again = EMA(settings(), [p for _, p in reversed(named)], names=[n for n, _ in reversed(named)])
-    again.load(str(tmp_path), 1)
+    again = EMA(settings(), [p for _, p in reversed(named)])
+    assert load_named_ema(again, [n for n, _ in reversed(named)], str(tmp_path))
     assert again.updates == 2
     for a, b in zip(again.shadow, reversed(ema.shadow)):
         assert torch.equal(a, b)
-    with caplog.at_level(logging.WARNING, logger="train.ema"):
-        again.load(str(tmp_path / "elsewhere"), 1)
-    assert again.updates == 0 and "holds no EMA" in caplog.text
+    assert not load_named_ema(again, [n for n, _ in named], str(tmp_path / "elsewhere"))  # the engine restarts it
 
 
 def test_non_fp32_masters_are_refused():
     with pytest.raises(ValueError, match="contiguous fp32 master weights, got torch.bfloat16"):
-        EMA(settings(), [torch.zeros(3, dtype=torch.bfloat16)], names=["w"])
+        EMA(settings(), [torch.zeros(3, dtype=torch.bfloat16)])

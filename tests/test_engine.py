@@ -75,7 +75,7 @@ CLIP = textwrap.dedent("""
     opt = torch.optim.SGD(net.parameters(), lr=1.0)
     eng = make_engine(acc, net, opt, cfg)
     eng.micro_step({{"x": torch.randn(4, 8)}}, is_last=True)
-    raw = float(eng.optimizer_step()[0])
+    raw = float(eng.optimizer_step(1)[0])
     after = [p.detach().float() for p in eng.unwrapped_model().parameters()]
     delta = torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(after, before))).item()
     print("RESULT", raw, delta)

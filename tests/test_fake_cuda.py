@@ -60,7 +60,7 @@ GUARD_SOURCE = ("#include <c10/core/impl/DeviceGuardImplInterface.h>\n"
 
 # Each entry: a project function name (qualified as Python prints it) whose traffic is by design.
 TRAIN_READS = {
-    "DDPEngine.optimizer_step": "whether the update runs is host control flow: one agreed flag per step",
+    "DDPEngine._apply_update": "whether the update runs is host control flow: one agreed flag per step",
     "make_record": "the logged losses and gradient norm, at a logging step",
 }
 TRAIN_UPLOADS = {"to_device": "the batch, from the loader's pinned memory (non_blocking)"}
@@ -276,10 +276,8 @@ def train_step(engine, encoders, batch, cfg, step, guard):
     inputs = encoders.encode(batch).replace(noise_seeds=noise_seeds(cfg.training.seed, step, batch))
     out = engine.micro_step(inputs, is_last=True)
     loss_sum = {k: out[k].detach() for k in ("loss", "video_loss", "action_loss")}
-    grad_norm, skipped = engine.optimizer_step()
+    grad_norm, skipped = engine.optimizer_step(step)
     guard.after_step(step, skipped, loss_sum, grad_norm)
-    if engine.ema is not None and not skipped:
-        engine.ema.update(step)
     make_record(step=step, loss_sum=loss_sum, grad_norm=grad_norm, param_groups=engine.param_groups, lrs=[0.0],
                 val=None, state=TrainerState(step=step), samples_per_sec=1.0, step_time=1.0, skipped=0)
     return inputs
@@ -469,7 +467,7 @@ def test_ema_update_and_swap_stay_on_the_gpu(tiny_cfg, fake_cuda_guard):
         inputs = train_step(engine, encoders, raw_batch(tiny_cfg), tiny_cfg, 1, guard)
         traffic.clear()
         engine.ema.update(2)
-        with engine.ema.swapped_in():
+        with engine.ema_swapped_in():
             out = model.sample(inputs, "policy")
         assert out["actions"].device == CUDA
         assert engine.ema.updates == 2

@@ -29,7 +29,7 @@ class DDPEngine(Engine):
             self.accelerator.backward(poison_nonfinite(out["loss"]) / self.grad_accum)
         return out
 
-    def optimizer_step(self) -> tuple[Any, bool]:
+    def _apply_update(self) -> tuple[Any, bool]:
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         max_norm = self.clip if self.clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from checkpoint.zero import reshard_if_needed, save_layout
+from checkpoint.zero import EMA_SHARD_FILE, ema_partitions_from, reshard_if_needed, save_layout
 from optim.deepspeed_adapter import (base_optimizer, count_skipped_step, fp32_partitions, guard_client_step,
                                      has_master_partitions, partition_groups, refresh_module_weights)
 from train.ema import EMA
@@ -64,8 +64,10 @@ class DeepSpeedEngine(Engine):
         self.base_optimizer = base_optimizer(self.ds)
         if not self.ds.zero_optimization():
             guard_client_step(self.base_optimizer, lambda: self._stage0_skipped)
-        if cfg.training.ema.enabled and has_master_partitions(self.ds):  # the EMA follows this rank's partition
-            self.ema = EMA(cfg.training.ema, fp32_partitions(self.ds), zero_engine=self.ds)
+        # ZeRO-1/2: the EMA follows this rank's fp32 master partitions, else the whole parameters
+        self.partitioned = has_master_partitions(self.ds)
+        if cfg.training.ema.enabled and self.partitioned:
+            self.ema = EMA(cfg.training.ema, fp32_partitions(self.ds))
         else:
             self.ema = self.whole_parameter_ema(cfg.training.ema)
 
@@ -92,14 +94,14 @@ class DeepSpeedEngine(Engine):
             self._stage0_skipped = True
             count_skipped_step(self.ds)  # DeepSpeed counts the step as taken; its skip counter agrees
 
-    def optimizer_step(self) -> tuple[Any, bool]:
+    def _apply_update(self) -> tuple[Any, bool]:
         norm = self.ds.get_global_grad_norm()
         skipped = not self.ds.was_step_applied() or self._stage0_skipped
         self._stage0_skipped = False
         return (norm if norm is not None else float("nan")), skipped
 
     def master_bytes(self) -> int:
-        if not has_master_partitions(self.ds):
+        if not self.partitioned:
             return 0
         return sum(t.numel() * t.element_size() for t in fp32_partitions(self.ds))
 
@@ -123,3 +125,42 @@ class DeepSpeedEngine(Engine):
                                           load_optimizer_states=True, load_lr_scheduler_states=False)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the engine state in {folder}")
+
+    # --- the EMA of ZeRO-1/2's partitions: each rank saves, loads and swaps its own slice -----------
+    def _refresh_module_weights(self) -> None:
+        if self.partitioned:
+            refresh_module_weights(self.ds)  # the module's weights from the masters (all-gather)
+
+    def _save_ema(self, folder: str) -> None:
+        if not self.partitioned:
+            return super()._save_ema(folder)
+        assert self.ema is not None
+        save_partitioned_ema(self.ema, folder)
+
+    def _load_ema(self, folder: str, saved_world_size: int) -> None:
+        if not self.partitioned:
+            return super()._load_ema(folder, saved_world_size)
+        assert self.ema is not None
+        if not load_partitioned_ema(self.ema, self.ds, folder, saved_world_size):
+            self._ema_restarts(folder)
+
+
+def save_partitioned_ema(ema: EMA, folder: str) -> None:
+    """Collective in effect: every rank writes the EMA of its own ZeRO-1/2 partitions."""
+    os.makedirs(folder, exist_ok=True)
+    torch.save({"updates": ema.updates, "partitions": ema.shadow},
+               os.path.join(folder, EMA_SHARD_FILE.format(rank=dist.rank())))
+
+
+def load_partitioned_ema(ema: EMA, ds: Any, folder: str, saved_world_size: int) -> bool:
+    """This rank's slice of the EMA saved in `folder`; from a checkpoint of another world size,
+    re-partitioned by parameter name like the fp32 masters. False when `folder` holds none."""
+    mine = os.path.join(folder, EMA_SHARD_FILE.format(rank=dist.rank()))
+    if not os.path.isfile(os.path.join(folder, EMA_SHARD_FILE.format(rank=0))):
+        return False
+    if saved_world_size == dist.world_size() and os.path.isfile(mine):
+        saved = torch.load(mine, map_location="cpu", weights_only=True)
+        ema.restore(saved["updates"], saved["partitions"], folder)
+    else:
+        ema.restore(*ema_partitions_from(ds, folder), folder)
+    return True

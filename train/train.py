@@ -4,6 +4,11 @@
         --deepspeed configs/zero2.json training.max_steps=50
 
 Also runs under the `deepspeed` launcher and `accelerate launch`; see TRAINING.md.
+
+Read top-down: `setup` builds the run's named parts (`Training`), `train_step` is one optimizer update
+(its micro-batches, the update with the EMA, the non-finite guard), `train` is the loop (validation,
+logging, the checkpointer's `maybe_save`, preemption) and returns the exit code, and `finish` is the one
+way out.
 """
 import argparse
 import logging
@@ -11,7 +16,8 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,7 +28,6 @@ from checkpoint.checkpointer import Checkpointer  # noqa: E402
 from checkpoint.state import Document, PerRank, RandomState, Registry, Shared, Stateful  # noqa: E402
 from recipe.config import config_stem, load_config, save_config  # noqa: E402
 from train.config import check_launch  # noqa: E402
-from train.ema import optimizer_state_report  # noqa: E402
 from train.engine import Engine  # noqa: E402
 from train.launch import make_accelerator, make_engine  # noqa: E402
 from train.guard import NonFiniteGuard, check_weights_before_save, health, run_guarded  # noqa: E402
@@ -138,10 +143,9 @@ def checkpoint_parts(cfg: DictConfig, engine: Engine, state: TrainerState, strea
     return parts
 
 
-def restore(checkpointer: Checkpointer, path: str, parts: Registry, state: TrainerState, cfg: DictConfig,
-            edits: Edits) -> None:
+def restore(checkpointer: Checkpointer, path: str, state: TrainerState, cfg: DictConfig, edits: Edits) -> None:
     """Resume every registered part; log what the edits change."""
-    checkpointer.load(path, parts)
+    checkpointer.load(path)
     log.info("resumed from %s at step %d", path, state.step)
     log.info(edits.line())
     for note in edits.notes:
@@ -157,7 +161,7 @@ def validate_raw_and_ema(engine: Engine, encoders: "FrozenEncoders", val_loader:
     (val_ema_* keys) once the EMA holds an average."""
     val, pictures = validate(engine, encoders, val_loader, cfg, stats)
     if engine.ema is not None and engine.ema.updates:
-        with engine.ema.swapped_in():
+        with engine.ema_swapped_in():
             ema_val, _ = validate(engine, encoders, val_loader, cfg, stats)
         val.update({f"ema_{k}": v for k, v in ema_val.items()})
     return val, pictures
@@ -172,10 +176,45 @@ def print_summary(run_dir: str, cfg: DictConfig, step: int) -> None:
           flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    preemption = PreemptionFlag()  # from the start: a signal during start-up still ends in a save
-    silence_known_warnings()
-    args = parse_args(argv)
+@dataclass
+class Training:
+    """The named parts of a run, as `setup` returns them."""
+    cfg: DictConfig
+    run_dir: str
+    engine: Engine
+    encoders: "FrozenEncoders"
+    stream: Any
+    """data.stream.TrainStream: `next()` gives this rank's next batch; a checkpoint part."""
+    val_loader: "ValLoader | None"
+    """None when nothing is held out."""
+    stats: "NormStats"
+    schedule: LRSchedule
+    state: TrainerState
+    guard: NonFiniteGuard
+    checkpointer: Checkpointer
+    metrics: Metrics
+    samples_per_step: int
+    """Samples of one optimizer update over every rank."""
+
+
+@dataclass
+class StepOutput:
+    """What `train_step` hands to logging: device tensors, read back only when a record is written."""
+    losses: dict[str, Any]
+    """The loss terms averaged over the micro-batches (this rank's)."""
+    grad_norm: Any
+    lrs: list[float]
+
+
+@dataclass
+class Window:
+    """Steps since the last logged record, for samples/s and step time."""
+    start: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+
+
+def configure(args: argparse.Namespace) -> tuple[DictConfig, dict[str, Any] | None]:
+    """The recipe and the DeepSpeed config; a bad one ends every rank here, before anything is built."""
     try:
         cfg = load_config(args.config, args.overrides)
         ds_config = check_launch(cfg, dist.world_size(), args.deepspeed)
@@ -185,7 +224,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not dist.is_main():
         logging.getLogger().setLevel(logging.WARNING)
     quiet_library_bars(cfg.logging.progress)
+    return cfg, ds_config
 
+
+def setup(args: argparse.Namespace) -> Training:
+    """Every part of the run, built and (on resume) restored; every start-up error ends every rank here."""
+    from data import build_train_stream, build_val_loader
+
+    cfg, ds_config = configure(args)
     accelerator = make_accelerator(ds_config, cfg.system.dist_timeout_minutes, cfg.system.speed)
     world_size = dist.world_size()
     try:
@@ -199,88 +245,108 @@ def main(argv: Sequence[str] | None = None) -> None:
     except dist.StartupError as e:
         dist.die(e)
 
-    from data import build_train_stream, build_val_loader
-
     seed_everything(cfg.training.seed, dist.rank())  # each rank's own stream from here on
     engine = make_engine(accelerator, model, optimizer, cfg)
     encoders.to(engine.device)
-    schedule = LRSchedule(cfg.training)
+    schedule, state = LRSchedule(cfg.training), TrainerState()
     stream = build_train_stream(train_set, cfg, dist.rank(), world_size)
-    val_loader = build_val_loader(val_set, cfg, dist.rank(), world_size)
-    state = TrainerState()
-    parts = checkpoint_parts(cfg, engine, state, stream, schedule, stats)
-    checkpointer = Checkpointer(run_dir, cfg)
+    guard = NonFiniteGuard(state, cfg.training.max_nonfinite_steps, engine.device)
 
+    def save_health(step: int) -> dict[str, bool]:
+        check_weights_before_save(engine, step, run_dir)  # never a checkpoint of non-finite weights
+        return health(guard)
+
+    parts = checkpoint_parts(cfg, engine, state, stream, schedule, stats)
+    checkpointer = Checkpointer(run_dir, cfg, parts, save_health)
     try:  # rank 0 writes here: a full disk or a read-only folder must stop every rank, not hang them
         dist.fail_together(open_run_dir, run_dir, cfg, checkpointer)
         if resume_from:
             assert edits is not None  # checked above whenever the run resumes
-            restore(checkpointer, resume_from, parts, state, cfg, edits)
+            restore(checkpointer, resume_from, state, cfg, edits)
         metrics = dist.fail_together(Metrics, cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
     except dist.StartupError as e:
         dist.die(e)
-    ga, micro_batch = cfg.training.gradient_accumulation_steps, cfg.training.batch_size
-    samples_per_step = micro_batch * ga * world_size
     log.info("run directory: %s", run_dir)
+    t = cfg.training
+    return Training(cfg, run_dir, engine, encoders, stream, build_val_loader(val_set, cfg, dist.rank(), world_size),
+                    stats, schedule, state, guard, checkpointer, metrics,
+                    samples_per_step=t.batch_size * t.gradient_accumulation_steps * world_size)
 
-    guard = NonFiniteGuard(state, cfg.training.max_nonfinite_steps, engine.device)
 
-    def save(step: int) -> str:
-        check_weights_before_save(engine, step, run_dir)  # never a checkpoint of non-finite weights
-        return checkpointer.save(step, parts, health(guard))
+def train_step(t: Training, step: int) -> StepOutput:
+    """Optimizer update `step`: its micro-batches, the update (and the EMA's), the non-finite guard."""
+    lrs = t.schedule.apply(t.engine.param_groups)  # the lr of this update, set before it
+    ga = t.cfg.training.gradient_accumulation_steps
+    losses: dict[str, Any] = {}
+    for micro in range(ga):
+        batch = to_device(next(t.stream), t.engine.device)
+        inputs = t.encoders.encode(batch).replace(noise_seeds=noise_seeds(t.cfg.training.seed, step, batch))
+        out = t.engine.micro_step(inputs, is_last=micro == ga - 1)
+        for k in ("loss", "video_loss", "action_loss"):
+            losses[k] = losses.get(k, 0.0) + out[k].detach() / ga
+    grad_norm, skipped = t.engine.optimizer_step(step)
+    t.guard.after_step(step, skipped, losses, grad_norm)
+    return StepOutput(losses, grad_norm, lrs)
 
-    engine.train()
-    loss_sum: dict[str, Any] = {}
-    window_start, window_steps = time.perf_counter(), 0
-    first_step = state.step
-    while state.step < cfg.training.max_steps:
-        lrs = schedule.apply(engine.param_groups)  # the lr of this update, set before it
-        step = state.step + 1
-        for micro in range(ga):
-            batch = to_device(next(stream), engine.device)
-            inputs = encoders.encode(batch).replace(noise_seeds=noise_seeds(cfg.training.seed, step, batch))
-            out = engine.micro_step(inputs, is_last=micro == ga - 1)
-            for k in ("loss", "video_loss", "action_loss"):
-                loss_sum[k] = loss_sum.get(k, 0.0) + out[k].detach() / ga
-        grad_norm, skipped = engine.optimizer_step()
-        guard.after_step(step, skipped, loss_sum, grad_norm)
-        if engine.ema is not None and not skipped:  # a skipped step changed no weight
-            engine.ema.update(step)
-        if state.step == first_step:  # the optimizer's state exists from its first step
-            log.info(optimizer_state_report(engine))
-        state.step, state.samples_seen = step, state.samples_seen + samples_per_step
-        window_steps += 1
 
-        is_last = step == cfg.training.max_steps
-        val = None
-        if step % cfg.system.val_interval == 0 and val_loader is not None:  # None: nothing held out
-            val, pictures = validate_raw_and_ema(engine, encoders, val_loader, cfg, stats)
-            metrics.add_figures(step, *(pictures or ({}, {})))
-        if step % cfg.system.log_interval == 0 or val is not None or is_last:
-            elapsed = time.perf_counter() - window_start
-            record = make_record(step=step, loss_sum=loss_sum, grad_norm=grad_norm, param_groups=engine.param_groups,
-                                 lrs=lrs, val=val, state=state, samples_per_sec=samples_per_step * window_steps / elapsed,
-                                 step_time=elapsed / window_steps, skipped=stream.skipped)
-            metrics.log(record)
-            metrics.progress(step, record)
-            window_start, window_steps = time.perf_counter(), 0
-        loss_sum = {}
-        guard.check()  # too many non-finite steps in a row: stop without saving
+def log_step(t: Training, step: int, out: StepOutput, window: Window, last: bool) -> Window:
+    """Validate when due and write a record when due; returns the throughput window to go on with."""
+    cfg = t.cfg
+    val = None
+    if step % cfg.system.val_interval == 0 and t.val_loader is not None:
+        val, pictures = validate_raw_and_ema(t.engine, t.encoders, t.val_loader, cfg, t.stats)
+        t.metrics.add_figures(step, *(pictures or ({}, {})))
+    if not (step % cfg.system.log_interval == 0 or val is not None or last):
+        return window
+    elapsed = time.perf_counter() - window.start
+    record = make_record(step=step, loss_sum=out.losses, grad_norm=out.grad_norm, param_groups=t.engine.param_groups,
+                         lrs=out.lrs, val=val, state=t.state,
+                         samples_per_sec=t.samples_per_step * window.steps / elapsed,
+                         step_time=elapsed / window.steps, skipped=t.stream.skipped)
+    t.metrics.log(record)
+    t.metrics.progress(step, record)
+    return Window()
+
+
+def train(t: Training, preemption: PreemptionFlag) -> int:
+    """The loop, from the restored step to training.max_steps; returns the exit code (REQUEUE_EXIT_CODE
+    when preempted, after a save)."""
+    cfg = t.cfg
+    t.engine.train()
+    window, first_step = Window(), t.state.step
+    while t.state.step < cfg.training.max_steps:
+        step = t.state.step + 1
+        out = train_step(t, step)
+        if step == first_step + 1:  # the optimizer's state exists from its first step
+            log.info(t.engine.optimizer_state_report())
+        t.state.step, t.state.samples_seen = step, t.state.samples_seen + t.samples_per_step
+        window.steps += 1
+        last = step == cfg.training.max_steps
+        window = log_step(t, step, out, window, last)
+        t.guard.check()  # too many non-finite steps in a row: stop without saving
         preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
-        if step % cfg.system.save_interval == 0 or is_last or preempted:
-            path = save(step)
-            log.info("saved %s", path)
+        t.checkpointer.maybe_save(step, last, preempted)
         if preempted:
             log.warning("preempted (%s): saved step %d, exiting with %d for requeue",
                         preemption.signal, step, REQUEUE_EXIT_CODE)
-            metrics.close()
-            dist.shutdown()
-            dist.leave(REQUEUE_EXIT_CODE)
-    metrics.close()
-    if dist.is_main():
-        print_summary(run_dir, cfg, state.step)
+            return REQUEUE_EXIT_CODE
+    return 0
+
+
+def finish(t: Training, code: int) -> NoReturn:
+    """The one way out of a run that started: close the logs, say where everything is, leave."""
+    t.metrics.close()
+    if code == 0 and dist.is_main():
+        print_summary(t.run_dir, t.cfg, t.state.step)
     dist.shutdown()
-    dist.leave(0)
+    dist.leave(code)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    preemption = PreemptionFlag()  # from the start: a signal during start-up still ends in a save
+    silence_known_warnings()
+    t = setup(parse_args(argv))
+    finish(t, train(t, preemption))
 
 
 if __name__ == "__main__":
