@@ -1,6 +1,7 @@
 """Reading LeRobot v2.1 and v3.0 folders: frame indices, values and decoded pixels."""
 import json
 import os
+import subprocess
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -10,7 +11,7 @@ from data import DataError, build_datasets, build_train_stream
 from data.camera_stats import sampled_pixels
 from data.lerobot_writer import LeRobotWriter
 from data.synthetic import episode_motion, generate, render
-from tests.helpers import config_from
+from tests.helpers import ROOT, config_from
 
 H, W = 32, 48  # video size = image size: the decoded pixels are compared without resampling
 
@@ -265,3 +266,33 @@ def test_camera_frames_must_be_uint8(tmp_path):
         writer.add_episode({"action": np.zeros((3, 2), np.float32),
                             "observation.images.top": np.zeros((3, 8, 8, 3), np.float32)}, "bad")
 
+
+ACT_PYTHON = os.path.join(ROOT, ".venv-act", "bin", "python")
+
+
+@pytest.mark.skipif(not os.path.isfile(ACT_PYTHON), reason="LeRobot's environment .venv-act is absent; "
+                    "`python benchmarks/act_reference.py setup` creates it")
+def test_lerobot_reads_our_folder(camera_folder, tmp_path):
+    """The official library (lerobot 0.4.4 in .venv-act) loads the folder: the camera statistics with
+    LeRobot's names and shapes, its own pooling of the episodes' statistics equal to meta/stats.json, its
+    normalisation using them, and the frame of episode 1, step 5."""
+    root, frames = camera_folder
+    out = str(tmp_path / "frames.npz")
+    done = subprocess.run([ACT_PYTHON, os.path.join(ROOT, "benchmarks", "act_reference.py"), "check", root,
+                           "--index", str(LENGTHS[0] + 5), "--frames-out", out], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(report["lerobot_stat_names"]) == LEROBOT_CAMERA_STATS
+    assert sorted(report["cameras"]) == sorted(CAMERAS)
+    for key, (_, h, w) in CAMERAS.items():
+        got = report[key]
+        assert got["stat_names"] == LEROBOT_CAMERA_STATS
+        assert got["shapes"] == {n: [1] if n == "count" else [3, 1, 1] for n in LEROBOT_CAMERA_STATS}
+        assert max(got["pooled_minus_stats_json"].values()) < 1e-12, got["pooled_minus_stats_json"]
+        assert got["normalized_minus_expected"] < 1e-5
+        assert got["frame_shape"] == [3, h, w]
+    decoded = np.load(out)
+    want = {k: frames[k][1][5].transpose(2, 0, 1) / 255 for k in CAMERAS}
+    np.testing.assert_allclose(decoded["observation.images.wrist"], want["observation.images.wrist"], atol=1e-6)
+    np.testing.assert_allclose(decoded["observation.images.top"], want["observation.images.top"], atol=3 / 255)
