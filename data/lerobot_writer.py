@@ -8,6 +8,12 @@ column names and info.json fields follow LeRobot's published format (`codebase_v
 with `data/chunk_index`, `videos/{key}/from_timestamp`, `dataset_from_index`, ...), so
 the official library and our reader both load what this writes.
 
+Statistics, per episode and in meta/stats.json: per dimension for numeric features (min, max, mean,
+std, count; LeRobot 0.4.4 also stores quantiles there), and per RGB channel for cameras as LeRobot
+stores them (data/camera_stats.py: min, max, mean, std, quantiles and count of a sample of frames
+scaled to [0, 1], shaped [3, 1, 1]), the entries LeRobot's trainer reads to normalise pictures.
+Our reader uses none of them.
+
 Usage:
     writer = LeRobotWriter(root, fps=30, features={
         "observation.state": {"dtype": "float32", "shape": [4], "names": ["x0", "y0", "x1", "y1"]},
@@ -27,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
+from data.camera_stats import LEVELS, histogram, sample_indices, stats_from_histogram
 from data.video import video_info
 from utils.video_file import VideoEncoder
 
@@ -112,6 +119,10 @@ class LeRobotWriter:
         self._file_tables: list = []
         self._encoders: dict[str, VideoEncoder] = {}
         self._video_frames: dict[str, int] = {}        # v3.0: frames already in the current video file, per camera
+        # per camera: the histogram of every episode's sampled pixels, and how many frames were sampled
+        self._camera_hist: dict[str, np.ndarray] = {k: np.zeros((3, LEVELS), np.int64)
+                                                    for k, f in features.items() if not _numeric(f)}
+        self._camera_frames = dict.fromkeys(self._camera_hist, 0)
 
     # ---- episodes -------------------------------------------------------------------------
     def add_episode(self, frames: dict[str, np.ndarray], task: str) -> None:
@@ -121,6 +132,7 @@ class LeRobotWriter:
                 raise KeyError(f"add_episode: feature {key!r} missing from the episode")
             if len(frames[key]) != length:
                 raise ValueError(f"add_episode: {key!r} has {len(frames[key])} frames, expected {length}")
+        hists = {key: histogram(frames[key], key) for key in self._camera_hist}  # checks the frames are uint8 RGB
         if task not in self.tasks:
             self.tasks.append(task)
         ep = len(self.episodes)
@@ -136,8 +148,13 @@ class LeRobotWriter:
         columns["index"] = pa.array(np.arange(self.total_frames, self.total_frames + length, dtype=np.int64))
         columns["task_index"] = pa.array(np.full(length, self.tasks.index(task), dtype=np.int64))
         table = pa.table(columns)
-        meta = {"episode_index": ep, "tasks": [task], "length": length,
-                "stats": {k: _stats(frames[k]) for k, f in self.features.items() if _numeric(f)}}
+        stats = {k: _stats(frames[k]) for k, f in self.features.items() if _numeric(f)}
+        for key, hist in hists.items():
+            sampled = len(sample_indices(length))
+            stats[key] = stats_from_histogram(hist, sampled)
+            self._camera_hist[key] += hist
+            self._camera_frames[key] += sampled
+        meta = {"episode_index": ep, "tasks": [task], "length": length, "stats": stats}
         if self.version == "v3.0":
             meta.update(self._add_v30(table, frames, length))
         else:
@@ -229,11 +246,12 @@ class LeRobotWriter:
         self._write_json("meta/info.json", info)
         self._write_json("meta/stats.json", self._global_stats())
 
-    def _global_stats(self) -> dict[str, dict[str, list[float]]]:
-        # pooled from per-episode moments; LeRobot keeps the same file for users' reference
-        stats = {}
-        for key, feature in self.features.items():
-            if not _numeric(feature):
+    def _global_stats(self) -> dict[str, dict[str, Any]]:
+        # cameras: of every episode's sampled pixels together; numeric features: pooled from per-episode moments
+        stats: dict[str, dict[str, Any]] = {}
+        for key in self.features:
+            if key in self._camera_hist:
+                stats[key] = stats_from_histogram(self._camera_hist[key], self._camera_frames[key])
                 continue
             per = [ep["stats"][key] for ep in self.episodes]
             counts = np.array([p["count"][0] for p in per], dtype=np.float64)[:, None]

@@ -1,15 +1,17 @@
 """Reading LeRobot v2.1 and v3.0 folders: frame indices, values and decoded pixels."""
 import json
 import os
+import subprocess
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from data import DataError, build_datasets, build_train_stream
+from data.camera_stats import sampled_pixels
 from data.lerobot_writer import LeRobotWriter
 from data.synthetic import episode_motion, generate, render
-from tests.helpers import config_from
+from tests.helpers import ROOT, config_from
 
 H, W = 32, 48  # video size = image size: the decoded pixels are compared without resampling
 
@@ -181,3 +183,116 @@ def test_frame_accurate_seeking(tmp_path, version, codec):
             video = (train.load((e, c))["video"].numpy() + 1) * 127.5
             levels = video.mean(axis=(1, 2, 3))
             np.testing.assert_allclose(levels, 12 * np.array([c, c + 4, c + 8]) + 4 * e, atol=3)
+
+
+# ---- camera statistics, as LeRobot's writer stores them -------------------------------------------------
+LEROBOT_CAMERA_STATS = ["count", "max", "mean", "min", "q01", "q10", "q50", "q90", "q99", "std"]
+CAMERAS = {"observation.images.top": ("video", 24, 32), "observation.images.wrist": ("image", 8, 12)}
+LENGTHS = (150, 40)
+# LeRobot's sample: every frame of an episode under 100 frames, else max(100, int(n ** 0.75)) evenly spaced
+PICKS = (np.round(np.linspace(0, 149, 100)).astype(int), np.arange(40))
+
+
+@pytest.fixture(scope="module")
+def camera_folder(tmp_path_factory):
+    """Two episodes (150 and 40 frames) with a video and an image camera; each channel's pixels in its own
+    range, the second episode's brighter, so min and max differ per channel and per episode. The image
+    camera's pixels are random, the video camera's frames flat (a random colour each, which the codec keeps)."""
+    root = str(tmp_path_factory.mktemp("cameras") / "data")
+    features = {"observation.state": {"dtype": "float32", "shape": [4], "names": None},
+                "action": {"dtype": "float32", "shape": [4], "names": None}}
+    features.update({k: {"dtype": d, "shape": [h, w, 3], "names": ["height", "width", "channels"]}
+                     for k, (d, h, w) in CAMERAS.items()})
+    writer = LeRobotWriter(root, 10, features, codec="libx264")
+    rng = np.random.default_rng(11)
+    frames = {key: [] for key in CAMERAS}
+    for e, length in enumerate(LENGTHS):
+        for key, (dtype, h, w) in CAMERAS.items():
+            low = np.array([10, 40, 70]) + 20 * e
+            shape = (length, h, w, 3) if dtype == "image" else (length, 1, 1, 3)
+            frames[key].append(np.broadcast_to(rng.integers(low, low + 120, shape), (length, h, w, 3)).astype(np.uint8))
+        values = np.full((length, 4), e, np.float32)
+        writer.add_episode({"observation.state": values, "action": values, **{k: v[e] for k, v in frames.items()}},
+                           "cameras")
+    writer.close()
+    return root, frames
+
+
+def numpy_stats(frames):
+    """Per-channel statistics of uint8 frames [N, H, W, 3] scaled to [0, 1], computed here independently."""
+    x = frames.reshape(-1, 3).astype(np.float64) / 255
+    out = {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0)}
+    out.update({f"q{round(q * 100):02d}": np.quantile(x, q, axis=0) for q in (0.01, 0.1, 0.5, 0.9, 0.99)})
+    return out
+
+
+def test_camera_stats_as_lerobot_stores_them(camera_folder):
+    root, frames = camera_folder
+    with open(os.path.join(root, "meta", "stats.json")) as f:
+        dataset = json.load(f)
+    episodes = pq.read_table(os.path.join(root, "meta/episodes/chunk-000/file-000.parquet")).to_pylist()
+    assert list(PICKS[0][:6]) == [0, 2, 3, 5, 6, 8] and PICKS[0][-1] == 149
+    for key in CAMERAS:
+        sample = [frames[key][e][PICKS[e]] for e in range(2)]
+        per_episode = [{n: ep[f"stats/{key}/{n}"] for n in LEROBOT_CAMERA_STATS} for ep in episodes]
+        for got, pixels, count in [(dataset[key], np.concatenate(sample), 140), (per_episode[0], sample[0], 100),
+                                   (per_episode[1], sample[1], 40)]:
+            assert sorted(got) == LEROBOT_CAMERA_STATS and got["count"] == [count]
+            for name, want in numpy_stats(pixels).items():
+                assert np.shape(got[name]) == (3, 1, 1), (key, name)
+                np.testing.assert_allclose(np.reshape(got[name], 3), want, rtol=1e-12, atol=1e-15, err_msg=name)
+    wrist = "observation.images.wrist"  # random pixels: each channel's range is reached
+    assert np.reshape(dataset[wrist]["min"], 3).tolist() == [10 / 255, 40 / 255, 70 / 255]
+    assert np.reshape(dataset[wrist]["max"], 3).tolist() == [149 / 255, 179 / 255, 209 / 255]
+    assert np.reshape(episodes[1][f"stats/{wrist}/min"], 3).tolist() == [30 / 255, 60 / 255, 90 / 255]
+    assert sorted(dataset["action"]) == ["count", "max", "mean", "min", "std"]  # numeric features as before
+
+
+def test_camera_stats_stride_large_frames():
+    """LeRobot strides a frame whose longer side reaches 300 pixels by int(longer side / 150)."""
+    wide = (np.arange(2 * 300 * 640 * 3) % 251).astype(np.uint8).reshape(2, 300, 640, 3)
+    np.testing.assert_array_equal(sampled_pixels(wide), wide[:, ::4, ::4])  # 640 / 150 -> 4
+    tall = (np.arange(2 * 480 * 200 * 3) % 251).astype(np.uint8).reshape(2, 480, 200, 3)
+    np.testing.assert_array_equal(sampled_pixels(tall), tall[:, ::3, ::3])
+    small = wide[:, :299, :299]
+    np.testing.assert_array_equal(sampled_pixels(small), small)
+
+
+def test_camera_frames_must_be_uint8(tmp_path):
+    features = {"action": {"dtype": "float32", "shape": [2], "names": None},
+                "observation.images.top": {"dtype": "video", "shape": [8, 8, 3], "names": None}}
+    writer = LeRobotWriter(str(tmp_path / "bad"), 10, features, codec="libx264")
+    with pytest.raises(ValueError, match=r"camera 'observation.images.top': frames must be a uint8 array .* float32"):
+        writer.add_episode({"action": np.zeros((3, 2), np.float32),
+                            "observation.images.top": np.zeros((3, 8, 8, 3), np.float32)}, "bad")
+
+
+ACT_PYTHON = os.path.join(ROOT, ".venv-act", "bin", "python")
+
+
+@pytest.mark.skipif(not os.path.isfile(ACT_PYTHON), reason="LeRobot's environment .venv-act is absent; "
+                    "`python benchmarks/act_reference.py setup` creates it")
+def test_lerobot_reads_our_folder(camera_folder, tmp_path):
+    """The official library (lerobot 0.4.4 in .venv-act) loads the folder: the camera statistics with
+    LeRobot's names and shapes, its own pooling of the episodes' statistics equal to meta/stats.json, its
+    normalisation using them, and the frame of episode 1, step 5."""
+    root, frames = camera_folder
+    out = str(tmp_path / "frames.npz")
+    done = subprocess.run([ACT_PYTHON, os.path.join(ROOT, "benchmarks", "act_reference.py"), "check", root,
+                           "--index", str(LENGTHS[0] + 5), "--frames-out", out], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(report["lerobot_stat_names"]) == LEROBOT_CAMERA_STATS
+    assert sorted(report["cameras"]) == sorted(CAMERAS)
+    for key, (_, h, w) in CAMERAS.items():
+        got = report[key]
+        assert got["stat_names"] == LEROBOT_CAMERA_STATS
+        assert got["shapes"] == {n: [1] if n == "count" else [3, 1, 1] for n in LEROBOT_CAMERA_STATS}
+        assert max(got["pooled_minus_stats_json"].values()) < 1e-12, got["pooled_minus_stats_json"]
+        assert got["normalized_minus_expected"] < 1e-5
+        assert got["frame_shape"] == [3, h, w]
+    decoded = np.load(out)
+    want = {k: frames[k][1][5].transpose(2, 0, 1) / 255 for k in CAMERAS}
+    np.testing.assert_allclose(decoded["observation.images.wrist"], want["observation.images.wrist"], atol=1e-6)
+    np.testing.assert_allclose(decoded["observation.images.top"], want["observation.images.top"], atol=3 / 255)
