@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from checkpoint.manifest import FORMAT
-from optim.deepspeed_adapter import (DeepSpeedEngine, PartitionGroup, base_optimizer, forget_linked_state,
+from optim.deepspeed_adapter import (DeepSpeedRuntime, PartitionGroup, base_optimizer, forget_linked_state,
                                      partition_groups, refresh_module_weights, restore_loss_scaler,
                                      restore_step_counters, zero_stage)
 
@@ -59,7 +59,7 @@ class CheckpointConvertError(RuntimeError):
     """A checkpoint that cannot be resumed at this world size; the message says why and what to do."""
 
 
-def _param_names(engine: DeepSpeedEngine) -> dict[int, str]:
+def _param_names(engine: DeepSpeedRuntime) -> dict[int, str]:
     return _names_of(engine.module)
 
 
@@ -67,7 +67,7 @@ def _names_of(module: torch.nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in module.named_parameters()}
 
 
-def _unsupported(engine: DeepSpeedEngine) -> str | None:
+def _unsupported(engine: DeepSpeedRuntime) -> str | None:
     """Why this engine's checkpoints cannot move to another world size, or None."""
     stage = zero_stage(engine)
     if stage == 3 or (stage == 0 and (engine.bfloat16_enabled() or engine.fp16_enabled())):
@@ -78,7 +78,7 @@ def _unsupported(engine: DeepSpeedEngine) -> str | None:
     return None
 
 
-def _zero_layout(engine: DeepSpeedEngine) -> list[dict[str, Any]]:
+def _zero_layout(engine: DeepSpeedRuntime) -> list[dict[str, Any]]:
     """Every rank holds the same flat layout; rank r's slice follows from partition_size."""
     names = _param_names(engine)
     return [{"flat_numel": g.flat_numel, "partition_size": g.partition_size,
@@ -110,7 +110,7 @@ def _write_layout(engine_dir: str, zero_stage: int, groups: list[dict[str, Any]]
     os.replace(path + ".tmp", path)  # a reader never sees half a layout
 
 
-def save_layout(engine: DeepSpeedEngine, engine_dir: str) -> None:
+def save_layout(engine: DeepSpeedRuntime, engine_dir: str) -> None:
     """Write `engine_dir/zero_layout.json` (rank 0 writes; call it on every rank after the save)."""
     if engine.global_rank != 0:
         return
@@ -263,7 +263,7 @@ def _load_buffers(module: torch.nn.Module, saved: Mapping[str, torch.Tensor], en
         module.get_buffer(name).copy_(saved[name])
 
 
-def _checked_reader(engine: DeepSpeedEngine,
+def _checked_reader(engine: DeepSpeedRuntime,
                     engine_dir: str) -> tuple[ShardReader, list[PartitionGroup], dict[int, str]]:
     reader, groups, names = ShardReader(engine_dir), partition_groups(engine), _param_names(engine)
     current = {names[id(p)]: p.shape for g in groups for p in g.params}
@@ -286,7 +286,7 @@ def _partition_from(reader: ShardReader, group: PartitionGroup, names: Mapping[i
 
 
 @torch.no_grad()
-def ema_partitions_from(engine: DeepSpeedEngine, engine_dir: str) -> tuple[int, list[torch.Tensor]]:
+def ema_partitions_from(engine: DeepSpeedRuntime, engine_dir: str) -> tuple[int, list[torch.Tensor]]:
     """(updates, this rank's EMA partitions) from a checkpoint written at any world size, by
     parameter name like the fp32 masters. Collective only in that every rank reads its own slice."""
     reader, groups, names = _checked_reader(engine, engine_dir)
@@ -294,7 +294,7 @@ def ema_partitions_from(engine: DeepSpeedEngine, engine_dir: str) -> tuple[int, 
 
 
 @torch.no_grad()
-def _install_zero(engine: DeepSpeedEngine, engine_dir: str) -> None:
+def _install_zero(engine: DeepSpeedRuntime, engine_dir: str) -> None:
     reader, groups, names = _checked_reader(engine, engine_dir)
     base = base_optimizer(engine)
     for i, group in enumerate(groups):
@@ -357,7 +357,7 @@ def master_weights(engine_dir: str) -> dict[str, torch.Tensor]:
     return {name: reader.full(name) for name in reader.where}
 
 
-def reshard_if_needed(engine: DeepSpeedEngine, engine_dir: str, saved_world_size: int) -> bool:
+def reshard_if_needed(engine: DeepSpeedRuntime, engine_dir: str, saved_world_size: int) -> bool:
     """Load `engine_dir` into `engine` when it was written at another world size (`saved_world_size`).
 
     Returns False (nothing done) when the world size is the same: call `engine.load_checkpoint`.

@@ -58,7 +58,7 @@ class DeepSpeedEngine(Engine):
         self._stage0_skipped = False  # DeepSpeed without ZeRO: this step's gradients were dropped
         exempt = fp32_exempt_weights(model)
         self.model, _ = accelerator.prepare(model, optimizer)
-        self.ds = self.model  # the DeepSpeedEngine
+        self.ds = self.model  # DeepSpeed's own engine (DeepSpeedRuntime)
         if exempt and self.ds.bfloat16_enabled() and self.ds.zero_optimization():
             restore_fp32_masters(self.ds, exempt)
         self.base_optimizer = base_optimizer(self.ds)

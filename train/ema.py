@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from checkpoint.zero import EMA_FILE, EMA_SHARD_FILE, CheckpointConvertError, ema_partitions_from
-from optim.deepspeed_adapter import DeepSpeedEngine, refresh_module_weights
+from optim.deepspeed_adapter import DeepSpeedRuntime, refresh_module_weights
 from utils import dist
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class EMA:
     """
 
     def __init__(self, settings: DictConfig, masters: Sequence[torch.Tensor], names: Optional[list[str]] = None,
-                 zero_engine: Optional[DeepSpeedEngine] = None) -> None:
+                 zero_engine: Optional[DeepSpeedRuntime] = None) -> None:
         for m in masters:
             if m.dtype != torch.float32 or not m.is_contiguous():
                 raise ValueError(f"EMA needs contiguous fp32 master weights, got {m.dtype} "
