@@ -31,19 +31,14 @@ from typing import Any
 
 import torch
 
+from checkpoint.files import (DEEPSPEED_MODEL_FILE, DEEPSPEED_OPTIMIZER_FILE, EMA_SHARD_FILE, ENGINE_DIR, LAYOUT_FILE,
+                              rank_pattern)
 from checkpoint.manifest import FORMAT
 from optim.deepspeed_adapter import (DeepSpeedRuntime, PartitionGroup, base_optimizer, forget_linked_state,
                                      partition_groups, refresh_module_weights, restore_loss_scaler,
                                      restore_step_counters, zero_stage)
 
-LAYOUT_FILE = "zero_layout.json"
 LAYOUT_FORMAT = 2
-MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
-# The EMA of the weights (train/ema.py): under ZeRO-1/2 rank r's slice, laid out like its fp32
-# master partition ({"updates": n, "partitions": [one flat tensor per group]}); under DDP and
-# stage 0 one whole file ({"updates": n, "weights": {name: tensor}}).
-EMA_SHARD_FILE = "ema_rank_{rank}.pt"
-EMA_FILE = "ema.pt"
 Shard = tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]
 """One old rank's ZeRO shard: (fp32 master slice per group, optimizer state per group, its whole
 `optimizer_state_dict`)."""
@@ -51,7 +46,7 @@ Shard = tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]
 
 def shard_rank(name: str) -> int | None:
     """The rank that wrote DeepSpeed file `name` (its ZeRO optimizer shard), or None (rank 0's files)."""
-    m = re.search(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$", name)
+    m = re.search(rank_pattern(DEEPSPEED_OPTIMIZER_FILE) + "$", name)
     return int(m.group(1)) if m else None
 
 
@@ -180,10 +175,11 @@ class ShardReader:
 
     def shard(self, rank: int) -> Shard:
         if rank not in self._shards:
-            found = glob.glob(os.path.join(self.engine_dir, f"*zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"))
+            name = DEEPSPEED_OPTIMIZER_FILE.format(rank=rank)
+            found = glob.glob(os.path.join(self.engine_dir, "*" + name))
             if len(found) != 1:
                 raise CheckpointConvertError(
-                    f"{self.engine_dir}: expected one zero_pp_rank_{rank}_mp_rank_00_optim_states.pt "
+                    f"{self.engine_dir}: expected one {name} "
                     f"(the checkpoint was written by {self.world_size} ranks), found {len(found)}")
             sd = _load(found[0])["optimizer_state_dict"]
             state = sd["base_optimizer_state"]
@@ -364,10 +360,10 @@ def reshard_if_needed(engine: DeepSpeedRuntime, engine_dir: str, saved_world_siz
     Returns True when this function loaded weights, optimizer state and the engine's step
     counters; do not call `engine.load_checkpoint` then. Collective: call on every rank.
     """
-    model_states_path = os.path.join(engine_dir, MODEL_STATES_FILE)
+    model_states_path = os.path.join(engine_dir, DEEPSPEED_MODEL_FILE)
     if not os.path.isfile(model_states_path):
         raise CheckpointConvertError(
-            f"{engine_dir} holds no DeepSpeed state ({MODEL_STATES_FILE}); was it written without "
+            f"{engine_dir} holds no DeepSpeed state ({DEEPSPEED_MODEL_FILE}); was it written without "
             "--deepspeed? Resume with the launcher options it was written with")
     layout = read_layout(engine_dir)
     if saved_world_size == engine.dp_world_size:
@@ -399,7 +395,7 @@ def reshard_if_needed(engine: DeepSpeedRuntime, engine_dir: str, saved_world_siz
 def describe(checkpoint_dir: str, world_size: int | None = None) -> str:
     """A summary of `checkpoint_dir` (a checkpoint_step_N folder), after reading every tensor once.
     `world_size`: the one its manifest records (None: a ZeRO layout implies it)."""
-    engine_dir = os.path.join(checkpoint_dir, "engine")
+    engine_dir = os.path.join(checkpoint_dir, ENGINE_DIR)
     layout = read_layout(engine_dir)
     if world_size is None and layout["zero_stage"] in (1, 2) and not layout["unsupported"]:
         world_size = layout_world_size(layout)

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Optional, Sequence
 import torch
 from omegaconf import DictConfig
 
-from checkpoint.zero import EMA_FILE, EMA_SHARD_FILE, CheckpointConvertError, ema_partitions_from
+from checkpoint.files import EMA_FILE, EMA_SHARD_FILE
+from checkpoint.zero import CheckpointConvertError, ema_partitions_from
 from optim.deepspeed_adapter import DeepSpeedRuntime, refresh_module_weights
 from utils import dist
 
