@@ -38,7 +38,7 @@ GB = 1e9
 
 
 def trainable(size):
-    from models.summary import count_components
+    from models.memory_model import count_components
     counts, _, _ = count_components(load_config("configs/tiny.yaml", [f"model.size={size}"]))
     return counts["video"] + counts["action_expert"] + counts["und_expert"]
 
