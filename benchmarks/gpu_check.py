@@ -138,7 +138,7 @@ def engine_for(cfg, device):
     from models.build import size_table_model
     from models.sizes import get_size
     from optim import build_optimizer
-    from train.config import load_deepspeed_config
+    from train.launch_checks import load_deepspeed_config
     from train.speed import set_backend_flags
 
     set_backend_flags(cfg.system.speed)  # tf32 / cuDNN as training sets them (compile stays off: robotwin.yaml)

@@ -21,7 +21,7 @@ from checkpoint import disk  # noqa: E402
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
 from checkpoint.state import Document, PerRank, RandomState, Registry, Shared, Stateful  # noqa: E402
 from recipe.config import config_stem, load_config, save_config  # noqa: E402
-from train.config import check_launch  # noqa: E402
+from train.launch_checks import check_launch  # noqa: E402
 from train.ema import optimizer_state_report  # noqa: E402
 from train.engine import Engine  # noqa: E402
 from train.launch import make_accelerator, make_engine  # noqa: E402
