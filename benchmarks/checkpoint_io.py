@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import checkpoint.checkpointer as ck  # noqa: E402
+from checkpoint.files import DEEPSPEED_MODEL_FILE, DEEPSPEED_OPTIMIZER_FILE, ENGINE_DIR  # noqa: E402
 from checkpoint.manifest import digest_files  # noqa: E402
 from checkpoint.state import Registry, Shared  # noqa: E402
 from recipe.config import load_config  # noqa: E402
@@ -37,7 +38,7 @@ GB = 1e9
 
 
 def trainable(size):
-    from models.summary import count_components
+    from models.memory_model import count_components
     counts, _, _ = count_components(load_config("configs/tiny.yaml", [f"model.size={size}"]))
     return counts["video"] + counts["action_expert"] + counts["und_expert"]
 
@@ -50,11 +51,11 @@ def file_bytes(size, params, world=1):
 
 class SizedEngine:
     def __init__(self, weights, optim):
-        self.tensors = {"mp_rank_00_model_states.pt": torch.randint(0, 255, (weights,), dtype=torch.uint8),
-                        "zero_pp_rank_0_mp_rank_00_optim_states.pt": torch.randint(0, 255, (optim,), dtype=torch.uint8)}
+        self.tensors = {DEEPSPEED_MODEL_FILE: torch.randint(0, 255, (weights,), dtype=torch.uint8),
+                        DEEPSPEED_OPTIMIZER_FILE.format(rank=0): torch.randint(0, 255, (optim,), dtype=torch.uint8)}
 
     def save(self, folder):
-        """The checkpoint part "engine": its shards in `folder`."""
+        """The checkpoint's engine part: its shards in `folder`."""
         os.makedirs(folder, exist_ok=True)
         for name, tensor in self.tensors.items():
             torch.save(tensor, os.path.join(folder, name))
@@ -76,7 +77,7 @@ def time_saves(engine, folder, repeats, checksums):
         ck.digest_files = digest_files if checksums else sizes_only
         start = time.perf_counter()
         parts = Registry()
-        parts.register("engine", engine)
+        parts.register(ENGINE_DIR, engine)
         parts.register("trainer_state", Shared(TrainerState(step=1)))
         saver.save(1, parts, {"weights_finite": True, "loss_finite": True})
         times.append(time.perf_counter() - start)
@@ -123,8 +124,8 @@ def main():
             with_sums = time_saves(engine, folder, args.repeats, checksums=True)
             # a save left in place, for the hash rates on its weights file
             run = os.path.join(folder, "rates")
-            engine.save(os.path.join(run, "engine"))
-            rates = hash_rates(os.path.join(run, "engine", "mp_rank_00_model_states.pt"))
+            engine.save(os.path.join(run, ENGINE_DIR))
+            rates = hash_rates(os.path.join(run, ENGINE_DIR, DEEPSPEED_MODEL_FILE))
             shutil.rmtree(run)
             results.append({"size": size, "checkpoint_gb": (weights + optim) / GB, "save_s_without_checksums": without,
                             "save_s_with_checksums": with_sums, "ratio": with_sums / without,

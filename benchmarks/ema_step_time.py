@@ -56,7 +56,7 @@ def _slowest(seconds, device):
 def worker(args):
     from data import build_train_stream
     from recipe.config import load_config
-    from train.config import load_deepspeed_config
+    from train.launch_checks import load_deepspeed_config
     from train.launch import make_accelerator, make_engine
     from train.train import build_everything, make_generated_inputs
     from utils import dist

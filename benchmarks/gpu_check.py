@@ -19,7 +19,7 @@ gradients were half-reduced.
 Peak window: `reset_peak_memory_stats` before each row's first step (untimed: it allocates the
 optimizer state lazily in the first row, and the autotuned kernels' workspaces), read after its last.
 The weights, the optimizer state and ZeRO's gradient partition and buckets are resident in every
-row's window, as in the prediction (models/summary.py: static + buckets + max(activations, the
+row's window, as in the prediction (models/memory_model.py: static + buckets + max(activations, the
 optimizer step's transient)).
 
 Writes benchmarks/results/gpu_check.json (rows + a summary of the targets), prints a table, exits 1
@@ -138,7 +138,7 @@ def engine_for(cfg, device):
     from models.build import size_table_model
     from models.sizes import get_size
     from optim import build_optimizer
-    from train.config import load_deepspeed_config
+    from train.launch_checks import load_deepspeed_config
     from train.speed import set_backend_flags
 
     set_backend_flags(cfg.system.speed)  # tf32 / cuDNN as training sets them (compile stays off: robotwin.yaml)
@@ -173,16 +173,16 @@ def bench_rows(size_name, opt, batches, steps, device, rows_path=None, overrides
     `rows_path`: rewritten after every row, so a crash keeps the rows measured before it."""
     import deepspeed
 
-    from models import activations
-    from models.summary import peak, zero2_prediction
+    from models import activation_memory
+    from models.memory_model import peak, zero2_prediction
 
     device.select()
     deepspeed.init_distributed(device.backend)
     cfg = check_config(size_name, opt, max(batches), overrides)
     static, per_sample, transient, counts = zero2_prediction(cfg)
     engine, model, size = engine_for(cfg, device)
-    tokens = activations.expert_tokens(cfg, model, size)
-    flops = activations.model_flops_per_sample(model, tokens)
+    tokens = activation_memory.expert_tokens(cfg, model, size)
+    flops = activation_memory.model_flops_per_sample(model, tokens)
     tflops, _ = peak_tflops(device)
     total_memory = device.total_gib()
     rows, failed = [], None
@@ -197,7 +197,7 @@ def bench_rows(size_name, opt, batches, steps, device, rows_path=None, overrides
             if failed:
                 row["error"] = f"not run: {failed}"
             else:
-                inputs = activations.example_inputs(cfg, model, size, batch, device=device.type).replace(
+                inputs = activation_memory.example_inputs(cfg, model, size, batch, device=device.type).replace(
                     noise_seeds=torch.arange(batch, device=device.type))
                 try:
                     step, mem, loss = measure(engine, model, inputs, checkpointing, steps, device)

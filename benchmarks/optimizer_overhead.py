@@ -237,10 +237,10 @@ def _worker(rank, world, args, port, out_path):
     torch.set_num_threads(args.threads)
     counter = CollectiveBytes()
     import deepspeed
-    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.engine import DeepSpeedEngine as DeepSpeedRuntime
     from deepspeed.runtime.zero.muon import original_muon
     # no FusedAdam JIT build: DeepSpeed's Muon falls back to its inline Adam update
-    DeepSpeedEngine.get_optimizer_configuration = lambda self, *a, **k: (None, {})
+    DeepSpeedRuntime.get_optimizer_configuration = lambda self, *a, **k: (None, {})
     original_muon.ns_compute_dtype = lambda ns_method="gram": getattr(torch, args.ns_dtype)
     cuda = torch.cuda.is_available() and args.backend != "gloo"
     if cuda:

@@ -66,10 +66,10 @@ class PeakInUse(TorchDispatchMode):
 
 def measure_row(engine, model, cfg, size, batch, checkpointing, steps):
     """(peak bytes in use during `steps` steps, the op at the peak): gpu_check's peak window."""
-    from models import activations
+    from models import activation_memory
 
     model.gradient_checkpointing = checkpointing
-    inputs = activations.example_inputs(cfg, model, size, batch).replace(noise_seeds=torch.arange(batch))
+    inputs = activation_memory.example_inputs(cfg, model, size, batch).replace(noise_seeds=torch.arange(batch))
     gc.collect()
     with PeakInUse() as p:
         for _ in range(steps):
@@ -80,7 +80,7 @@ def measure_row(engine, model, cfg, size, batch, checkpointing, steps):
 
 
 def rows_for(size_name, opt, batches, steps):
-    from models.summary import peak, zero2_prediction
+    from models.memory_model import peak, zero2_prediction
 
     cfg = gpu_check.check_config(size_name, opt, max(batches))
     static, per_sample, transient, _ = zero2_prediction(cfg)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from checkpoint.checkpointer import (PREFIX, _step_of, complete_checkpoints, is_complete, quick_check, saved_health,
                                     verify)
+from checkpoint.files import ENGINE_DIR
 from checkpoint.zero import CheckpointConvertError, describe
 
 
@@ -45,8 +46,8 @@ def verify_command(path: str) -> int:
 
 
 def describe_command(path: str) -> int:
-    if not os.path.isdir(os.path.join(path, "engine")):
-        print(f"{path}: expected a {PREFIX}N folder with an engine/ subfolder", file=sys.stderr)
+    if not os.path.isdir(os.path.join(path, ENGINE_DIR)):
+        print(f"{path}: expected a {PREFIX}N folder with an {ENGINE_DIR}/ subfolder", file=sys.stderr)
         return 1
     manifest, _ = quick_check(path)  # it records the world size that wrote the checkpoint
     try:

@@ -12,65 +12,20 @@ The weights are the module's as saved (fp32, or the bf16 copy of a bf16_mixed ru
 dtype; config.json's "weights" says which set the folder holds.
 """
 import argparse
-import glob
 import logging
 import os
-import re
 import shutil
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from models.serialization import CONFIG_NAME, DEFAULT_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, ModelLoadError
+from checkpoint.files import CONFIG_YAML
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, read_weights
+from models.folder import NORM_STATS, ExportError, check_out_dir, model_spec_from_config, parse_size
+from models.serialization import DEFAULT_SHARD_BYTES, ModelLoadError
 
 log = logging.getLogger(__name__)
-
-NORM_STATS = "norm_stats.json"
-CONFIG_YAML = "config.yaml"
-UNITS = {"B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
-         "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
-
-
-class ExportError(RuntimeError):
-    """An export that cannot be written; the message names the path and what was expected."""
-
-
-def parse_size(text: str) -> int:
-    """'5GB' (10^9 bytes), '500MiB' (2^20), '1024' (bytes) -> bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
-    unit = m.group(2).upper() if m else None
-    if not m or (unit and unit not in UNITS):
-        raise ExportError(f"--max-shard-size '{text}': expected a size such as 5GB, 500MB or 2GiB")
-    size = int(float(m.group(1)) * UNITS[unit or "B"])
-    if size <= 0:
-        raise ExportError(f"--max-shard-size '{text}': expected a positive size")
-    return size
-
-
-def model_spec_from_config(cfg: DictConfig) -> dict[str, Any]:
-    """The spec `build_world_model` builds the WorldModel from, rebuilt from the run's config, plus
-    the `common` section (action and state dims, frames, image size) for inference code."""
-    from models.build import spec_from_config
-
-    spec = spec_from_config(cfg)
-    spec["common"] = OmegaConf.to_container(cfg.common, resolve=True)
-    return spec
-
-
-def _check_out_dir(out_dir: str, overwrite: bool) -> None:
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        if not overwrite:
-            raise ExportError(f"'{out_dir}' is not empty; pass --overwrite to replace an export there, "
-                              "or choose an empty folder")
-        # only the files an export writes: a stale shard must not survive a smaller re-export
-        ours = [CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME, NORM_STATS]
-        for path in [os.path.join(out_dir, f) for f in ours] + glob.glob(
-                os.path.join(out_dir, "model-*-of-*.safetensors")):
-            if os.path.isfile(path):
-                os.remove(path)
-    os.makedirs(out_dir, exist_ok=True)
 
 
 def export_checkpoint(checkpoint_dir: str, out_dir: str, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
@@ -101,7 +56,7 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str, max_shard_bytes: int = 
                           f"(missing {missing[:5]}, unexpected {unexpected[:5]}, shape {wrong[:5]})")
     # clone: DeepSpeed's module tensors are views of one flat buffer, which safetensors refuses
     model.load_state_dict({k: v.clone() for k, v in state.items()}, assign=True)
-    _check_out_dir(out_dir, overwrite)
+    check_out_dir(out_dir, overwrite)
     model.save_pretrained(out_dir, max_shard_bytes=max_shard_bytes)
     stats = os.path.join(checkpoint_dir, NORM_STATS)
     if os.path.isfile(stats):

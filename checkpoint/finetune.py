@@ -1,4 +1,5 @@
-"""Fine-tune start: load weights only, from one of our checkpoints or an exported folder.
+"""Fine-tune start: load weights only, from one of our checkpoints or an exported folder (and the
+weights of a resume with resume.reset_optimizer, `load_resume_weights`).
 
 `finetune.checkpoint_path` may be
 - a `checkpoint_step_N/` folder: the module weights in `engine/mp_rank_00_model_states.pt`
@@ -28,7 +29,8 @@ import torch
 
 from checkpoint.checkpointer import MARKER, quick_check
 from checkpoint.manifest import check_digests
-from checkpoint.zero import EMA_FILE, EMA_SHARD_FILE, CheckpointConvertError, ShardReader
+from checkpoint.files import DDP_MODEL_FILE, DEEPSPEED_MODEL_FILE, EMA_FILE, EMA_SHARD_FILE, ENGINE_DIR, rank_pattern
+from checkpoint.zero import CheckpointConvertError, ShardReader, master_weights
 from models.convert_motus import MOTUS_LAYOUTS, MotusConvertError, convert_for_model, motus_states_file
 from models.serialization import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, read_config, read_state_dict
 
@@ -37,8 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEEPSPEED_WEIGHTS = os.path.join("engine", "mp_rank_00_model_states.pt")
-DDP_WEIGHTS = os.path.join("engine", "model.pt")
+DEEPSPEED_WEIGHTS = os.path.join(ENGINE_DIR, DEEPSPEED_MODEL_FILE)
+DDP_WEIGHTS = os.path.join(ENGINE_DIR, DDP_MODEL_FILE)
 WEIGHT_SETS = ("raw", "ema")
 EXPECTED = (f"a checkpoint_step_N folder (with {DEEPSPEED_WEIGHTS} or {DDP_WEIGHTS}), an exported "
             f"folder ({CONFIG_NAME} + {WEIGHTS_NAME}, or shards + {INDEX_NAME}) or a Motus checkpoint "
@@ -81,21 +83,21 @@ def _load_torch(path: str, key: str) -> Any:  # whatever the file holds: its cal
 
 def has_ema(path: str) -> bool:
     """Whether `path` is a checkpoint folder that holds EMA weights."""
-    engine = os.path.join(path, "engine")
+    engine = os.path.join(path, ENGINE_DIR)
     return any(os.path.isfile(os.path.join(engine, f)) for f in (EMA_FILE, EMA_SHARD_FILE.format(rank=0)))
 
 
 def read_ema(path: str, key: str) -> tuple[int, dict[str, torch.Tensor]]:
     """(EMA updates, {name: fp32 tensor}) of the trainable weights of checkpoint `path`."""
-    engine = os.path.join(path, "engine")
+    engine = os.path.join(path, ENGINE_DIR)
     if not has_ema(path):
-        raise FinetuneError(f"{key} '{path}' holds no EMA weights (neither engine/{EMA_FILE} nor "
-                            f"engine/{EMA_SHARD_FILE.format(rank=0)}: trained without training.ema.enabled); "
-                            "use the raw weights (--weights raw)")
+        whole, first = (os.path.join(ENGINE_DIR, f) for f in (EMA_FILE, EMA_SHARD_FILE.format(rank=0)))
+        raise FinetuneError(f"{key} '{path}' holds no EMA weights (neither {whole} nor {first}: trained without "
+                            "training.ema.enabled); use the raw weights (--weights raw)")
     complete = os.path.isfile(os.path.join(path, MARKER))  # a checkpoint: its manifest lists the EMA files
     for name in sorted(os.listdir(engine)) if complete else ():
-        if name == EMA_FILE or re.fullmatch(EMA_SHARD_FILE.format(rank=r"\d+"), name):
-            _verify_weights(path, os.path.join("engine", name), key)
+        if name == EMA_FILE or re.fullmatch(rank_pattern(EMA_SHARD_FILE), name):
+            _verify_weights(path, os.path.join(ENGINE_DIR, name), key)
     if os.path.isfile(os.path.join(engine, EMA_FILE)):
         saved = _load_torch(os.path.join(engine, EMA_FILE), key)
         return int(saved["updates"]), saved["weights"]
@@ -232,3 +234,16 @@ def load_finetune_weights(model: "WorldModel", path: str, allow_shape_mismatch: 
     model.load_state_dict({k: saved[k] for k in report.loaded}, strict=False)
     (log.warning if report.missing or report.unexpected or report.skipped else log.info)(report.summary())
     return report
+
+
+def load_resume_weights(model: torch.nn.Module, path: str) -> None:
+    """The trainable weights of checkpoint `path` into `model`, before the engine is built (its fp32
+    masters are made from them): the ZeRO fp32 masters where the checkpoint has them, else the
+    module weights (DDP, stage 0: fp32)."""
+    weights = {**read_weights(path, "resume.checkpoint_path"), **master_weights(os.path.join(path, ENGINE_DIR))}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    missing = sorted(trainable - set(weights))
+    if missing:
+        raise ValueError(f"resume.checkpoint_path '{path}' lacks the trainable weights {missing[:5]}: "
+                         "resume needs the same model")
+    model.load_state_dict({k: v for k, v in weights.items() if k in model.state_dict()}, strict=False)

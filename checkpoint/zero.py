@@ -31,19 +31,14 @@ from typing import Any
 
 import torch
 
+from checkpoint.files import (DEEPSPEED_MODEL_FILE, DEEPSPEED_OPTIMIZER_FILE, EMA_SHARD_FILE, ENGINE_DIR, LAYOUT_FILE,
+                              rank_pattern)
 from checkpoint.manifest import FORMAT
-from optim.deepspeed_adapter import (DeepSpeedEngine, PartitionGroup, base_optimizer, forget_linked_state,
+from optim.deepspeed_adapter import (DeepSpeedRuntime, PartitionGroup, base_optimizer, forget_linked_state,
                                      partition_groups, refresh_module_weights, restore_loss_scaler,
                                      restore_step_counters, zero_stage)
 
-LAYOUT_FILE = "zero_layout.json"
 LAYOUT_FORMAT = 2
-MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
-# The EMA of the weights (train/ema.py): under ZeRO-1/2 rank r's slice, laid out like its fp32
-# master partition ({"updates": n, "partitions": [one flat tensor per group]}); under DDP and
-# stage 0 one whole file ({"updates": n, "weights": {name: tensor}}).
-EMA_SHARD_FILE = "ema_rank_{rank}.pt"
-EMA_FILE = "ema.pt"
 Shard = tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]
 """One old rank's ZeRO shard: (fp32 master slice per group, optimizer state per group, its whole
 `optimizer_state_dict`)."""
@@ -51,7 +46,7 @@ Shard = tuple[list[torch.Tensor], list[dict[str, Any]], dict[str, Any]]
 
 def shard_rank(name: str) -> int | None:
     """The rank that wrote DeepSpeed file `name` (its ZeRO optimizer shard), or None (rank 0's files)."""
-    m = re.search(r"zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$", name)
+    m = re.search(rank_pattern(DEEPSPEED_OPTIMIZER_FILE) + "$", name)
     return int(m.group(1)) if m else None
 
 
@@ -59,7 +54,7 @@ class CheckpointConvertError(RuntimeError):
     """A checkpoint that cannot be resumed at this world size; the message says why and what to do."""
 
 
-def _param_names(engine: DeepSpeedEngine) -> dict[int, str]:
+def _param_names(engine: DeepSpeedRuntime) -> dict[int, str]:
     return _names_of(engine.module)
 
 
@@ -67,7 +62,7 @@ def _names_of(module: torch.nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in module.named_parameters()}
 
 
-def _unsupported(engine: DeepSpeedEngine) -> str | None:
+def _unsupported(engine: DeepSpeedRuntime) -> str | None:
     """Why this engine's checkpoints cannot move to another world size, or None."""
     stage = zero_stage(engine)
     if stage == 3 or (stage == 0 and (engine.bfloat16_enabled() or engine.fp16_enabled())):
@@ -78,7 +73,7 @@ def _unsupported(engine: DeepSpeedEngine) -> str | None:
     return None
 
 
-def _zero_layout(engine: DeepSpeedEngine) -> list[dict[str, Any]]:
+def _zero_layout(engine: DeepSpeedRuntime) -> list[dict[str, Any]]:
     """Every rank holds the same flat layout; rank r's slice follows from partition_size."""
     names = _param_names(engine)
     return [{"flat_numel": g.flat_numel, "partition_size": g.partition_size,
@@ -110,7 +105,7 @@ def _write_layout(engine_dir: str, zero_stage: int, groups: list[dict[str, Any]]
     os.replace(path + ".tmp", path)  # a reader never sees half a layout
 
 
-def save_layout(engine: DeepSpeedEngine, engine_dir: str) -> None:
+def save_layout(engine: DeepSpeedRuntime, engine_dir: str) -> None:
     """Write `engine_dir/zero_layout.json` (rank 0 writes; call it on every rank after the save)."""
     if engine.global_rank != 0:
         return
@@ -180,10 +175,11 @@ class ShardReader:
 
     def shard(self, rank: int) -> Shard:
         if rank not in self._shards:
-            found = glob.glob(os.path.join(self.engine_dir, f"*zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"))
+            name = DEEPSPEED_OPTIMIZER_FILE.format(rank=rank)
+            found = glob.glob(os.path.join(self.engine_dir, "*" + name))
             if len(found) != 1:
                 raise CheckpointConvertError(
-                    f"{self.engine_dir}: expected one zero_pp_rank_{rank}_mp_rank_00_optim_states.pt "
+                    f"{self.engine_dir}: expected one {name} "
                     f"(the checkpoint was written by {self.world_size} ranks), found {len(found)}")
             sd = _load(found[0])["optimizer_state_dict"]
             state = sd["base_optimizer_state"]
@@ -263,7 +259,7 @@ def _load_buffers(module: torch.nn.Module, saved: Mapping[str, torch.Tensor], en
         module.get_buffer(name).copy_(saved[name])
 
 
-def _checked_reader(engine: DeepSpeedEngine,
+def _checked_reader(engine: DeepSpeedRuntime,
                     engine_dir: str) -> tuple[ShardReader, list[PartitionGroup], dict[int, str]]:
     reader, groups, names = ShardReader(engine_dir), partition_groups(engine), _param_names(engine)
     current = {names[id(p)]: p.shape for g in groups for p in g.params}
@@ -286,7 +282,7 @@ def _partition_from(reader: ShardReader, group: PartitionGroup, names: Mapping[i
 
 
 @torch.no_grad()
-def ema_partitions_from(engine: DeepSpeedEngine, engine_dir: str) -> tuple[int, list[torch.Tensor]]:
+def ema_partitions_from(engine: DeepSpeedRuntime, engine_dir: str) -> tuple[int, list[torch.Tensor]]:
     """(updates, this rank's EMA partitions) from a checkpoint written at any world size, by
     parameter name like the fp32 masters. Collective only in that every rank reads its own slice."""
     reader, groups, names = _checked_reader(engine, engine_dir)
@@ -294,7 +290,7 @@ def ema_partitions_from(engine: DeepSpeedEngine, engine_dir: str) -> tuple[int, 
 
 
 @torch.no_grad()
-def _install_zero(engine: DeepSpeedEngine, engine_dir: str) -> None:
+def _install_zero(engine: DeepSpeedRuntime, engine_dir: str) -> None:
     reader, groups, names = _checked_reader(engine, engine_dir)
     base = base_optimizer(engine)
     for i, group in enumerate(groups):
@@ -357,17 +353,17 @@ def master_weights(engine_dir: str) -> dict[str, torch.Tensor]:
     return {name: reader.full(name) for name in reader.where}
 
 
-def reshard_if_needed(engine: DeepSpeedEngine, engine_dir: str, saved_world_size: int) -> bool:
+def reshard_if_needed(engine: DeepSpeedRuntime, engine_dir: str, saved_world_size: int) -> bool:
     """Load `engine_dir` into `engine` when it was written at another world size (`saved_world_size`).
 
     Returns False (nothing done) when the world size is the same: call `engine.load_checkpoint`.
     Returns True when this function loaded weights, optimizer state and the engine's step
     counters; do not call `engine.load_checkpoint` then. Collective: call on every rank.
     """
-    model_states_path = os.path.join(engine_dir, MODEL_STATES_FILE)
+    model_states_path = os.path.join(engine_dir, DEEPSPEED_MODEL_FILE)
     if not os.path.isfile(model_states_path):
         raise CheckpointConvertError(
-            f"{engine_dir} holds no DeepSpeed state ({MODEL_STATES_FILE}); was it written without "
+            f"{engine_dir} holds no DeepSpeed state ({DEEPSPEED_MODEL_FILE}); was it written without "
             "--deepspeed? Resume with the launcher options it was written with")
     layout = read_layout(engine_dir)
     if saved_world_size == engine.dp_world_size:
@@ -399,7 +395,7 @@ def reshard_if_needed(engine: DeepSpeedEngine, engine_dir: str, saved_world_size
 def describe(checkpoint_dir: str, world_size: int | None = None) -> str:
     """A summary of `checkpoint_dir` (a checkpoint_step_N folder), after reading every tensor once.
     `world_size`: the one its manifest records (None: a ZeRO layout implies it)."""
-    engine_dir = os.path.join(checkpoint_dir, "engine")
+    engine_dir = os.path.join(checkpoint_dir, ENGINE_DIR)
     layout = read_layout(engine_dir)
     if world_size is None and layout["zero_stage"] in (1, 2) and not layout["unsupported"]:
         world_size = layout_world_size(layout)

@@ -89,9 +89,6 @@ class NormStats:
     def normalize_state(self, x: Values) -> Values:
         return self._apply(self.state_key if self.state_key in self.stats else None, x, inverse=False)
 
-    def unnormalize_state(self, x: Values) -> Values:
-        return self._apply(self.state_key if self.state_key in self.stats else None, x, inverse=True)
-
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Feature-keyed statistics plus a "normalization" entry (mode and which feature is which)."""

@@ -119,12 +119,8 @@ class TrainStream:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved position in samples, whatever batch size and world size saved it."""
-        saved = state.get("samples_consumed")
-        if saved is None:  # written before positions were kept in samples
-            saved = int(state["batches_consumed"]) * state.get("world_size", self.world_size) * \
-                state.get("batch_size", self.batch_size)
-        self.batches, self.offset = divmod(int(saved), self.world_size * self.batch_size)
-        self.bad.count = int(state.get("skipped", 0))
+        self.batches, self.offset = divmod(int(state["samples_consumed"]), self.world_size * self.batch_size)
+        self.bad.count = int(state["skipped"])
         self._iterator = None  # restart the workers at the restored position
 
     def close(self) -> None:

@@ -22,9 +22,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from checkpoint.checkpointer import PREFIX, resolve_resume_path
-from checkpoint.export import CONFIG_YAML, NORM_STATS, model_spec_from_config
+from checkpoint.files import CONFIG_YAML
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, inference_weights
 from checkpoint.manifest import CheckpointCorrupt
+from models.folder import NORM_STATS, model_spec_from_config
 from models.serialization import CONFIG_NAME, ModelLoadError, read_config
 
 if TYPE_CHECKING:

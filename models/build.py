@@ -6,7 +6,7 @@ builds the part with random init from the size table, and says so in the log.
 Only the frozen parts the run calls are built (`frozen_parts_for_training`): a latent cache
 (`dataset.cache_dir`, data/cache.py) provides video latents, text embeddings and VLM features, so
 training from one loads neither umT5 nor Qwen3-VL into host memory (14.5 GiB per process at full
-size: `host_ram_gib_per_process` of models/summary.py). The VAE is always built: validation pictures
+size: `host_ram_gib_per_process` of models/memory_model.py). The VAE is always built: validation pictures
 decode latents with it. Commands that encode raw data (building the cache, inference) ask for
 `ALL_FROZEN_PARTS`.
 """

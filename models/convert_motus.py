@@ -241,8 +241,8 @@ def convert_for_model(path: str, model: "WorldModel", allow_shape_mismatch: Iter
 def main(argv: Sequence[str] | None = None) -> None:
     from accelerate import init_empty_weights
 
-    from checkpoint.export import ExportError, _check_out_dir, model_spec_from_config, parse_size
     from data.errors import DataError
+    from models.folder import ExportError, check_out_dir, model_spec_from_config, parse_size
     from models.serialization import DEFAULT_SHARD_BYTES, ModelLoadError, save_state
     from models.world_model import WorldModel
     from recipe.config import load_config
@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             model = WorldModel(spec).apply_precision()
         state, report = convert_for_model(args.src, model, args.allow_shape_mismatch)
         max_shard = parse_size(args.max_shard_size)
-        _check_out_dir(args.out, args.overwrite)
+        check_out_dir(args.out, args.overwrite)
     except (MotusConvertError, ExportError, ModelLoadError, ConfigError, DataError) as e:
         sys.exit(f"convert_motus failed: {e}")
     dtypes = {k: v.dtype for k, v in model.state_dict().items()}  # as the config's precision holds them

@@ -89,7 +89,7 @@ class WorldModel(nn.Module):
         return self
 
     def _layer_fn(self, recompute: bool) -> LayerFn:
-        # eager: the module's functions, looked up at call time (models/activations.py wraps them)
+        # eager: the module's functions, looked up at call time (models/activation_memory.py wraps them)
         if self._compiled is not None:
             return self._compiled[recompute]
         return checkpointed_joint_layer if recompute else joint_layer

@@ -15,8 +15,9 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
-DeepSpeedEngine = Any
-"""deepspeed.runtime.engine.DeepSpeedEngine (typed as Any: the package is untyped)."""
+DeepSpeedRuntime = Any
+"""DeepSpeed's own engine, `deepspeed.runtime.engine.DeepSpeedEngine` (typed as Any: the package is
+untyped); train/deepspeed_engine.py's `DeepSpeedEngine` holds one as `.ds`."""
 
 
 class PartitionGroup(NamedTuple):
@@ -34,31 +35,31 @@ class PartitionGroup(NamedTuple):
     """This rank's fp32 master partition (flat), which the optimizer updates in place."""
 
 
-def _zero(ds: DeepSpeedEngine) -> Any:
+def _zero(ds: DeepSpeedRuntime) -> Any:
     return ds.optimizer
 
 
-def base_optimizer(ds: DeepSpeedEngine) -> torch.optim.Optimizer:
+def base_optimizer(ds: DeepSpeedRuntime) -> torch.optim.Optimizer:
     """The client optimizer (the one the recipe built) inside DeepSpeed's ZeRO or bf16 wrapper."""
     return ds.optimizer.optimizer if hasattr(ds.optimizer, "optimizer") else ds.optimizer
 
 
-def zero_stage(ds: DeepSpeedEngine) -> int:
+def zero_stage(ds: DeepSpeedRuntime) -> int:
     return ds.zero_optimization_stage() if ds.zero_optimization() else 0
 
 
-def has_master_partitions(ds: DeepSpeedEngine) -> bool:
+def has_master_partitions(ds: DeepSpeedRuntime) -> bool:
     """ZeRO-1/2: every rank holds a flat fp32 partition of each param group."""
     return zero_stage(ds) in (1, 2)
 
 
-def fp32_partitions(ds: DeepSpeedEngine) -> list[torch.Tensor]:
+def fp32_partitions(ds: DeepSpeedRuntime) -> list[torch.Tensor]:
     """This rank's fp32 master weights under ZeRO-1/2: one flat tensor per param group (the
     slice of the group's padded flat buffer that this rank owns and updates)."""
     return list(_zero(ds).single_partition_of_fp32_groups)
 
 
-def partition_groups(ds: DeepSpeedEngine) -> list[PartitionGroup]:
+def partition_groups(ds: DeepSpeedRuntime) -> list[PartitionGroup]:
     """The ZeRO-1/2 param groups of `ds` on this rank (collective-free)."""
     import deepspeed.comm as ds_dist
 
@@ -73,12 +74,12 @@ def partition_groups(ds: DeepSpeedEngine) -> list[PartitionGroup]:
     return groups
 
 
-def refresh_module_weights(ds: DeepSpeedEngine) -> None:
+def refresh_module_weights(ds: DeepSpeedRuntime) -> None:
     """Copy the fp32 partitions into the module's weights (all-gathered across ranks, as after a step)."""
     _zero(ds).update_lp_params()
 
 
-def count_skipped_step(ds: DeepSpeedEngine) -> None:
+def count_skipped_step(ds: DeepSpeedRuntime) -> None:
     """Count a step the recipe suppressed (stage 0 fp32) in DeepSpeed's own skip counter, which it
     otherwise counts as taken."""
     ds.skipped_steps += 1
@@ -95,7 +96,7 @@ def guard_client_step(optimizer: torch.optim.Optimizer, skip: Callable[[], bool]
     optimizer.step = guarded  # type: ignore[method-assign]
 
 
-def forget_linked_state(ds: DeepSpeedEngine) -> None:
+def forget_linked_state(ds: DeepSpeedRuntime) -> None:
     """DeepSpeed links optimizer-state views into each parameter lazily after the first step; drop any
     earlier links, so that they are rebuilt on optimizer state installed by the recipe."""
     zero = _zero(ds)
@@ -103,7 +104,7 @@ def forget_linked_state(ds: DeepSpeedEngine) -> None:
         zero._hp_optimizer_states_linked = False
 
 
-def restore_loss_scaler(ds: DeepSpeedEngine, saved_optimizer_state: dict[str, Any]) -> None:
+def restore_loss_scaler(ds: DeepSpeedRuntime, saved_optimizer_state: dict[str, Any]) -> None:
     """The loss scaler of a saved ZeRO shard (`optimizer_state_dict` of rank 0's file)."""
     zero = _zero(ds)
     for key in ("loss_scaler", "dynamic_loss_scale", "overflow"):
@@ -111,7 +112,7 @@ def restore_loss_scaler(ds: DeepSpeedEngine, saved_optimizer_state: dict[str, An
             setattr(zero, key, saved_optimizer_state[key])
 
 
-def restore_step_counters(ds: DeepSpeedEngine, model_states: dict[str, Any]) -> None:
+def restore_step_counters(ds: DeepSpeedRuntime, model_states: dict[str, Any]) -> None:
     """The engine's step, sample and skip counters (and its lr scheduler, unused here) from a saved
     `mp_rank_00_model_states.pt`."""
     ds.global_steps = model_states["global_steps"]

@@ -74,7 +74,7 @@ def plan_rows(cfg: DictConfig, named: list[tuple[str, torch.nn.Parameter]], toke
               bandwidth_gbs: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One row per world size: the Muon plan against the predicted ZeRO-2 step (see module docstring).
     `named`: the model's named parameters; `tokens`: tokens per sample of each expert; `flops_per_sample`:
-    forward + backward flops of one sample (models/activations.py counts both)."""
+    forward + backward flops of one sample (models/activation_memory.py counts both)."""
     trainable = sum(p.numel() for _, p in named if p.requires_grad)
     peak = tflops * 1e12 * mfu
     grad_bytes = 2 if cfg.model.precision == "bf16_mixed" else 4
@@ -125,20 +125,20 @@ def main() -> None:
                         help="GB/s per GPU for collectives (50: one 400 Gb/s NIC per GPU across nodes)")
     parser.add_argument("--und-tokens", type=int, default=None,
                         help="understanding (VLM feature) tokens per sample; default: one frame's image tokens "
-                             "plus a 40-token prompt, as models/activations.py counts them")
+                             "plus a 40-token prompt, as models/activation_memory.py counts them")
     parser.add_argument("--out", default="benchmarks/results/muon_plan.json")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_intermixed_args()
     if min(args.world_sizes) < 1 or args.tflops <= 0 or not 0 < args.mfu <= 1 or args.bandwidth_gbs <= 0:
         parser.error("--world-sizes must be >= 1, --tflops and --bandwidth-gbs > 0, --mfu in (0, 1]")
     # a program, not library code: it reads the recipe and builds the model it plans for
-    from models.activations import expert_tokens, model_flops_per_sample
+    from models.activation_memory import expert_tokens, model_flops_per_sample
     from models.build import size_table_model
     from models.sizes import get_size
     from recipe.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    with torch.device("meta"):  # the trainable WorldModel from the size table (as models/summary.py)
+    with torch.device("meta"):  # the trainable WorldModel from the size table (as models/memory_model.py)
         model = size_table_model(cfg)
     tokens = expert_tokens(cfg, model, get_size(cfg.model.size))  # the memory model's real shapes
     if args.und_tokens is not None:

@@ -1,4 +1,5 @@
-"""The recipe: its schema (`schema.py`) and its loader (`config.py`: `load_config`, `save_config`).
+"""The recipe: its schema (`schema.py`), its loader (`config.py`: `load_config`, `save_config`) and the
+schema rendered as TRAINING.md's config reference (`config_doc.py`).
 
 It sits between the model-side packages and the programs: it imports only the light `config`
 modules of data/, models/ and optim/ (and utils), and checkpoint/, train/ and inference/ import it.

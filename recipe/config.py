@@ -7,7 +7,7 @@ rejects unknown keys and wrong types), checks every value against the names its 
 and returns a read-only config. Training and inference both read a recipe through this module; it
 imports only the light `config` modules of data/, models/ and optim/ (no torch, PyAV, diffusers
 or transformers), so checking a YAML costs milliseconds. The rules that depend on how a run is
-launched (process count, --deepspeed, CUDA) are train/config.py's `check_launch`.
+launched (process count, --deepspeed, CUDA) are train/launch_checks.py's `check_launch`.
 """
 import os
 from typing import Iterable

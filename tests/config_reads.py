@@ -84,7 +84,7 @@ def main():
     out, argv = sys.argv[1], sys.argv[2:]
     import recipe.config as recipe
     import recipe.schema as schema
-    import train.config as launch
+    import train.launch_checks as launch
     import train.train as trainer
 
     _patch_dictconfig()

@@ -81,7 +81,7 @@ def test_cache_contents(built):
     batches = [next(stream) for _ in range(3)]
     assert batches[0].video_latents.shape == (3, 3, 3, 4, 4) and batches[0].video is None
     resumed = build_train_stream(train, cached_cfg)
-    resumed.load_state_dict({"batches_consumed": 1})
+    resumed.load_state_dict({**stream.state_dict(), "samples_consumed": batches[0].video_latents.shape[0]})
     torch.testing.assert_close(next(resumed).video_latents, batches[1].video_latents)
 
 

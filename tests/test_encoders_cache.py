@@ -48,15 +48,15 @@ def test_text_cache_is_bounded_in_bytes_with_compact_detached_entries(encoders):
 
 
 def test_memory_model_counts_the_text_cache(tiny_cfg, tmp_path):
-    from models import summary
+    from models import memory_model
 
-    on_gpu = summary.frozen_parts_on_gpu(tiny_cfg)
+    on_gpu = memory_model.frozen_parts_on_gpu(tiny_cfg)
     assert "text_encoder" in on_gpu
-    assert summary.text_cache_bytes(tiny_cfg, on_gpu) == 256 * 2 ** 20  # model.wan.text_cache_mb's default
-    assert summary.text_cache_bytes(tiny_cfg, ["vae"]) == 0  # a latent cache provides the embeddings
+    assert memory_model.text_cache_bytes(tiny_cfg, on_gpu) == 256 * 2 ** 20  # model.wan.text_cache_mb's default
+    assert memory_model.text_cache_bytes(tiny_cfg, ["vae"]) == 0  # a latent cache provides the embeddings
     counts = {"vae": 10, "text_encoder": 20, "vlm": 30}
-    with_cache = summary.static_memory(counts, 100, 0, on_gpu, "bf16_mixed", 1, text_cache=1000)
-    without = summary.static_memory(counts, 100, 0, on_gpu, "bf16_mixed", 1)
+    with_cache = memory_model.static_memory(counts, 100, 0, on_gpu, "bf16_mixed", 1, text_cache=1000)
+    without = memory_model.static_memory(counts, 100, 0, on_gpu, "bf16_mixed", 1)
     assert sum(with_cache["zero2"].values()) - sum(without["zero2"].values()) == 1000
 
 

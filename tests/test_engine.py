@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import ROOT
-from train.config import load_deepspeed_config
+from train.launch_checks import load_deepspeed_config
 from recipe.schema import Config
 
 
@@ -52,7 +52,7 @@ CLIP = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {root!r})
     from omegaconf import OmegaConf
-    from train.config import load_deepspeed_config
+    from train.launch_checks import load_deepspeed_config
     from train.launch import make_accelerator, make_engine
     from recipe.schema import Config
     use_ds, clip = sys.argv[1] == "ds", float(sys.argv[2])

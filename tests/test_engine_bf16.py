@@ -11,7 +11,7 @@ SCRIPT = textwrap.dedent("""
     import json, os, sys, torch
     sys.path.insert(0, {root!r})
     from omegaconf import OmegaConf
-    from train.config import load_deepspeed_config
+    from train.launch_checks import load_deepspeed_config
     from train.launch import make_accelerator, make_engine
     from recipe.schema import Config
     from optim.deepspeed_adapter import fp32_partitions

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from recipe.config import load_config, save_config
-from checkpoint.export import ExportError, export_checkpoint, main, model_spec_from_config, parse_size
+from checkpoint.export import export_checkpoint, main
+from models.folder import ExportError, model_spec_from_config, parse_size
 from checkpoint.finetune import FinetuneError, load_finetune_weights
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -25,7 +25,7 @@ from checkpoint.manifest import MANIFEST, CheckpointCorrupt, digest_files, list_
 from tests.helpers import ROOT, metrics, run_dir, train
 from recipe.schema import Config
 from checkpoint.state import Document, PerRank, RandomState, Registry, Shared
-from train.config import load_deepspeed_config
+from train.launch_checks import load_deepspeed_config
 from train.engine import poison_nonfinite
 from train.guard import NONFINITE_EXIT_CODE, SAVE_FAILED_EXIT_CODE, NonFiniteError, NonFiniteGuard
 from train.steps import TrainerState
@@ -425,7 +425,7 @@ import json, sys, torch
 sys.path.insert(0, {ROOT!r})
 from omegaconf import OmegaConf
 from recipe.schema import Config
-from train.config import load_deepspeed_config
+from train.launch_checks import load_deepspeed_config
 from train.launch import make_accelerator, make_engine
 cfg = OmegaConf.structured(Config)
 cfg.training.batch_size = 4

@@ -127,7 +127,7 @@ def test_gpu_check_worker_path_runs_on_cpu(tmp_path, capsys):
     from benchmarks import gpu_check
     from models.build import vae_compression
     from models.sizes import get_size
-    from models.summary import predict_peak
+    from models.memory_model import predict_peak
 
     out = tmp_path / "gpu_check.json"
     code = gpu_check.main(["--device", "cpu", "--sizes", "tiny", "--optimizers", "muon_adamw", "--batches", "2",
@@ -155,7 +155,7 @@ def test_gpu_check_worker_path_runs_on_cpu(tmp_path, capsys):
         tokens = r["tokens_per_sample"] * r["batch"]
         assert tokens / (r["step_s"] + 5e-5) - 0.5 <= r["tokens_per_s"] <= tokens / (r["step_s"] - 5e-5) + 0.5, r
         assert r["peak_gib"] is None and r["measured_over_predicted"] is None and r["mfu"] is None
-        # the check's prediction is the memory model's own (summary.predict_peak rounds to 0.01 GiB)
+        # the check's prediction is the memory model's own (memory_model.predict_peak rounds to 0.01 GiB)
         expected = predict_peak(gpu_check.check_config("tiny", r["optimizer"], 2, SMALL), r["batch"],
                                 r["gradient_checkpointing"])
         assert r["predicted_peak_gib"] > 0 and abs(r["predicted_peak_gib"] - expected) <= 0.005 + 1e-9, (r, expected)

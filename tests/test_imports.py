@@ -4,7 +4,8 @@ Layers, lowest first: utils; data, models, optim; recipe; checkpoint; train, inf
 imports its own layer or lower, and the packages' import graph has no cycle. A command-line module's
 `main()` is a program, not library code: like train/train.py it sits above every package and may
 import any of them (read a recipe with recipe.config.load_config, build a model, write an export);
-nothing imports a `main()`, so its imports are not edges of the graph.
+nothing imports a `main()`, so its imports are not edges of the graph. Still, no module imports one
+that imports it back from another package, main() included: such a circle ties the two packages.
 """
 import ast
 import json
@@ -81,6 +82,52 @@ def test_no_cycle_among_the_packages():
     assert {"utils", "models", "checkpoint"} <= set(edges.get("inference", {}))
 
 
+def module_imports():
+    """{module: {first-party modules it imports}}, every import of the file counted: a main()'s and
+    a type-only one too."""
+    modules = {}
+    for package in LAYERS:
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    module = os.path.relpath(path, ROOT)[:-len(".py")].replace(os.sep, ".")
+                    modules[module.removesuffix(".__init__")] = path
+    edges = {}
+    for module, path in modules.items():
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]  # a module or a name in it
+            else:
+                continue
+            edges.setdefault(module, set()).update(n for n in names if n in modules and n != module)
+    return edges
+
+
+def test_no_circle_between_modules_of_two_packages():
+    edges = module_imports()
+
+    def reaches(start, goal):
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo.extend(edges.get(node, ()))
+        return False
+
+    circles = [f"{a} imports {b}, which imports {a} back" for a in sorted(edges) for b in sorted(edges[a])
+               if a.split(".")[0] != b.split(".")[0] and reaches(b, a)]
+    assert not circles, "modules of two packages import each other:\n" + "\n".join(circles)
+    assert "models.folder" in edges["checkpoint.export"]  # the parser resolves `from x.y import name`
+
+
 def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path, monkeypatch):
     """The two rules above fail on a tree that breaks them (a copy of two packages, one import added)."""
     for package in LAYERS:
@@ -92,6 +139,10 @@ def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path, monkeypatch):
         test_library_code_never_imports_upwards()
     with pytest.raises(AssertionError, match="import cycle"):
         test_no_cycle_among_the_packages()
+    (tmp_path / "models" / "c.py").write_text("def main():\n    from recipe.d import go\n")
+    (tmp_path / "recipe" / "d.py").write_text("from models import c\n")
+    with pytest.raises(AssertionError, match="models.c imports recipe.d, which imports models.c back"):
+        test_no_circle_between_modules_of_two_packages()
     assert ("data", "train") not in {(a, b) for a, b, _ in library_imports()}  # main() is a program
 
 

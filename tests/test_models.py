@@ -223,7 +223,7 @@ def expert_count(dim, ffn, layers, inner, modulated, encoders):
 def test_full_size_counts_on_meta(tmp_path):
     """The full-size parts against Motus's published counts (to their printed precision) and the
     experts against their closed form; the Wan and Qwen3-VL classes are diffusers'/transformers' own."""
-    from models.summary import summarize
+    from models.memory_model import summarize
 
     path = tmp_path / "motus.yaml"
     path.write_text("common: {action_dim: 14, state_dim: 14, num_video_frames: 8}\n"

@@ -34,7 +34,7 @@ def io():
 
 
 def tiny_model(*overrides):
-    from checkpoint.export import model_spec_from_config
+    from models.folder import model_spec_from_config
     cfg = load_config(TINY, NO_VAE + list(overrides))
     torch.manual_seed(0)
     return WorldModel(model_spec_from_config(cfg)).eval()

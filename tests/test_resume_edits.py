@@ -374,6 +374,3 @@ def test_stream_keeps_its_position_in_samples():
     resumed.load_state_dict(state)
     assert next(iter(resumed._loader().batch_sampler)) == [12, 13, 14, 15, 16]
     assert resumed.state_dict()["samples_consumed"] == 12
-    old_format = TrainStream(None, 0, batch_size=2, world_size=2)
-    old_format.load_state_dict({"batches_consumed": 3, "world_size": 2, "batch_size": 2})
-    assert next(iter(old_format._loader().batch_sampler)) == [12, 13]

@@ -247,7 +247,7 @@ def untrained_export(folder, dim, action_mean, action_std, init_std=None):
     are the ones a first tiny training run builds."""
     import torch
 
-    from checkpoint.export import model_spec_from_config
+    from models.folder import model_spec_from_config
     from models.serialization import save_state
     from models.world_model import WorldModel
     from recipe.config import load_config

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from train import speed  # noqa: E402
 from recipe.config import load_config  # noqa: E402
-from train.config import check_launch  # noqa: E402
+from train.launch_checks import check_launch  # noqa: E402
 from utils.batch import DataBatch  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
 

@@ -5,12 +5,11 @@ from typing import Any
 
 import torch
 
+from checkpoint.files import DDP_MODEL_FILE, DDP_OPTIMIZER_FILE
 from checkpoint.zero import optimizer_state_by_name, save_plain_layout
 from train.engine import Engine, poison_nonfinite
 from utils import dist
 from utils.batch import ModelBatch
-
-MODEL_FILE, OPTIMIZER_FILE = "model.pt", "optimizer.pt"
 
 
 class DDPEngine(Engine):
@@ -50,17 +49,17 @@ class DDPEngine(Engine):
         if not self.accelerator.is_main_process:
             return
         os.makedirs(folder, exist_ok=True)
-        torch.save(self.unwrapped_model().state_dict(), os.path.join(folder, MODEL_FILE))
-        torch.save(self.optimizer.state_dict(), os.path.join(folder, OPTIMIZER_FILE))
+        torch.save(self.unwrapped_model().state_dict(), os.path.join(folder, DDP_MODEL_FILE))
+        torch.save(self.optimizer.state_dict(), os.path.join(folder, DDP_OPTIMIZER_FILE))
         save_plain_layout(self.unwrapped_model(), self.base_optimizer, folder)
 
     def _load_state(self, folder: str, saved_world_size: int) -> None:
-        if not os.path.exists(os.path.join(folder, MODEL_FILE)):
-            raise RuntimeError(f"{folder} holds no DDP state ({MODEL_FILE}); was this checkpoint written "
+        if not os.path.exists(os.path.join(folder, DDP_MODEL_FILE)):
+            raise RuntimeError(f"{folder} holds no DDP state ({DDP_MODEL_FILE}); was this checkpoint written "
                                "with --deepspeed? Resume with the same launcher options")
-        state = torch.load(os.path.join(folder, MODEL_FILE), map_location="cpu", weights_only=True)
+        state = torch.load(os.path.join(folder, DDP_MODEL_FILE), map_location="cpu", weights_only=True)
         self.unwrapped_model().load_state_dict(state)
-        saved = torch.load(os.path.join(folder, OPTIMIZER_FILE), map_location="cpu", weights_only=True)
+        saved = torch.load(os.path.join(folder, DDP_OPTIMIZER_FILE), map_location="cpu", weights_only=True)
         # MuonAdamW orders parameters by world size: renumber the saved state by name
         self.optimizer.load_state_dict(
             optimizer_state_by_name(saved, folder, self.unwrapped_model(), self.base_optimizer))

@@ -5,7 +5,8 @@ from typing import Any
 
 import torch
 
-from checkpoint.zero import EMA_SHARD_FILE, ema_partitions_from, reshard_if_needed, save_layout
+from checkpoint.files import EMA_SHARD_FILE
+from checkpoint.zero import ema_partitions_from, reshard_if_needed, save_layout
 from optim.deepspeed_adapter import (base_optimizer, count_skipped_step, fp32_partitions, guard_client_step,
                                      has_master_partitions, partition_groups, refresh_module_weights)
 from train.ema import EMA
@@ -58,7 +59,7 @@ class DeepSpeedEngine(Engine):
         self._stage0_skipped = False  # DeepSpeed without ZeRO: this step's gradients were dropped
         exempt = fp32_exempt_weights(model)
         self.model, _ = accelerator.prepare(model, optimizer)
-        self.ds = self.model  # the DeepSpeedEngine
+        self.ds = self.model  # DeepSpeed's own engine (DeepSpeedRuntime)
         if exempt and self.ds.bfloat16_enabled() and self.ds.zero_optimization():
             restore_fp32_masters(self.ds, exempt)
         self.base_optimizer = base_optimizer(self.ds)

@@ -15,7 +15,8 @@ from typing import Any, Iterator, Mapping, Optional
 
 import torch
 
-from checkpoint.zero import EMA_FILE, CheckpointConvertError
+from checkpoint.files import EMA_FILE
+from checkpoint.zero import CheckpointConvertError
 from optim.hyperparameters import apply_group_options, group_options
 from train.ema import EMA
 from utils import dist

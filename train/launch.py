@@ -20,7 +20,7 @@ def _single_process_env() -> None:
 
 
 def make_accelerator(ds_config: Optional[dict[str, Any]], timeout_minutes: float, speed: Any = None) -> Any:
-    """`ds_config`: the DeepSpeed config train/config.py `check_launch` returned, None for DDP.
+    """`ds_config`: the DeepSpeed config train/launch_checks.py `check_launch` returned, None for DDP.
     `speed`: the `system.speed` section, whose bucket_cap_mb and static_graph configure DDP
     (accelerate uses them without DeepSpeed only); None: DDP's defaults."""
     from accelerate import Accelerator, DeepSpeedPlugin

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from checkpoint.checkpointer import saved_world_size
+from checkpoint.files import CONFIG_YAML
 
 EFFECT, LOGGED, REFUSED = "takes effect", "takes effect, logged", "refused"
 DATA = ("the data changes: the stream continues at the same sample number, drawn from the new data, "
@@ -157,7 +158,7 @@ def _refusal(key: str, old: Any, new: Any, rule: Rule, path: str) -> str:
 
 def check(cfg: DictConfig, checkpoint: str, world_size: int) -> Edits:
     """Edits of `cfg` relative to `checkpoint`'s config.yaml; raises ResumeRefused for a refused one."""
-    path = os.path.join(checkpoint, "config.yaml")
+    path = os.path.join(checkpoint, CONFIG_YAML)
     saved = OmegaConf.load(path)
     edits = changes(cfg, saved)
     refused = [_refusal(key, old, new, rule_for(key), path) for key, old, new in edits

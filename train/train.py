@@ -27,7 +27,7 @@ from checkpoint import disk  # noqa: E402
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
 from checkpoint.state import Document, PerRank, RandomState, Registry, Shared, Stateful  # noqa: E402
 from recipe.config import config_stem, load_config, save_config  # noqa: E402
-from train.config import check_launch  # noqa: E402
+from train.launch_checks import check_launch  # noqa: E402
 from train.engine import Engine  # noqa: E402
 from train.launch import make_accelerator, make_engine  # noqa: E402
 from train.guard import NonFiniteGuard, check_weights_before_save, health, run_guarded  # noqa: E402
@@ -88,7 +88,7 @@ def build_everything(cfg: DictConfig, world_size: int, resume_from: str | None =
     from data import build_datasets
     from models import build_world_model
     from optim import build_optimizer
-    from checkpoint.finetune import load_finetune_weights
+    from checkpoint.finetune import load_finetune_weights, load_resume_weights
 
     datasets = build_datasets(cfg)
     seed_everything(cfg.training.seed, rank=0)  # the same initial weights on every rank, whatever ran before
@@ -108,22 +108,6 @@ def open_run_dir(run_dir: str, cfg: DictConfig, checkpointer: Checkpointer) -> N
         os.makedirs(run_dir, exist_ok=True)
         save_config(cfg, os.path.join(run_dir, "config.yaml"))
     checkpointer.remove_interrupted_saves()
-
-
-def load_resume_weights(model: "torch.nn.Module", path: str) -> None:
-    """The trainable weights of checkpoint `path` into `model`, before the engine is built (its fp32
-    masters are made from them): the ZeRO fp32 masters where the checkpoint has them, else the
-    module weights (DDP, stage 0: fp32)."""
-    from checkpoint.finetune import read_weights
-    from checkpoint.zero import master_weights
-
-    weights = {**read_weights(path, "resume.checkpoint_path"), **master_weights(os.path.join(path, "engine"))}
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    missing = sorted(trainable - set(weights))
-    if missing:
-        raise ValueError(f"resume.checkpoint_path '{path}' lacks the trainable weights {missing[:5]}: "
-                         "resume needs the same model")
-    model.load_state_dict({k: v for k, v in weights.items() if k in model.state_dict()}, strict=False)
 
 
 def checkpoint_parts(cfg: DictConfig, engine: Engine, state: TrainerState, stream: Stateful, schedule: LRSchedule,

@@ -166,7 +166,7 @@ class DataBatch(_Batch):
 class ModelBatch(_Batch):
     """What the world model consumes (WorldModel.forward and .sample, models/flow.py): built by
     FrozenEncoders.encode from a DataBatch, or directly where no data is read (the memory model's
-    example inputs, models/activations.py). Shapes and dtypes: SHAPES; one device, the model's.
+    example inputs, models/activation_memory.py). Shapes and dtypes: SHAPES; one device, the model's.
 
     Optional because the model runs without them: `vlm_mask` (None: no row is padded), `state` (a
     pretrain-mode model reads none), `actions` (given only to training and to the modes that condition

@@ -11,17 +11,17 @@ import sys
 from typing import Any, Callable, Mapping, NoReturn, TypeVar
 
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 
 T = TypeVar("T")
 
 
 def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    return tdist.get_rank() if tdist.is_initialized() else int(os.environ.get("RANK", 0))
 
 
 def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+    return tdist.get_world_size() if tdist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
 
 
 def free_port() -> int:
@@ -41,48 +41,39 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+def collective_device(group: tdist.ProcessGroup | None = None) -> torch.device:
     """The device whose tensors the process group `group` (default: the world) can reduce: the CPU
     when it has a CPU backend (gloo, or "cpu:gloo,cuda:nccl"), else this process's current accelerator
     device: the one accelerate set (`torch.cuda.set_device(LOCAL_RANK % device_count)`), which is not
     `cuda:LOCAL_RANK` where each rank sees one GPU (one GPU per task or container: LOCAL_RANK 3, cuda:0).
     Outside a process group: the CPU, without reading any device state (safe at import and on a
     machine without an accelerator)."""
-    if not dist.is_initialized():
+    if not tdist.is_initialized():
         return torch.device("cpu")
-    backend = str(dist.get_backend(group))
+    backend = str(tdist.get_backend(group))
     if ":" in backend:  # "cpu:gloo,cuda:nccl": one backend per device type
         types = [part.split(":")[0] for part in backend.split(",")]
     else:
-        types = dist.Backend.backend_capability.get(backend, ["cpu"])
+        types = tdist.Backend.backend_capability.get(backend, ["cpu"])
     if "cpu" in types:
         return torch.device("cpu")
     return torch.device(types[0], getattr(torch, types[0]).current_device())
 
 
 def shutdown() -> None:
-    """Destroy the process group before the interpreter exits rather than leave it to the
-    interpreter's teardown (NCCL warns about a group that was never destroyed).
-
-    The barrier first: a gloo worker thread may still be freeing the work of the last collective
-    (the checkpoint's all_gather_object), which needs the GIL; a group destroyed (or a DDP reducer
-    freed) by the main thread meanwhile joins that thread while holding the GIL, and the rank hangs
-    at exit (seen with torch 2.13 after a DDP run's final save). Waiting in the barrier releases the
-    GIL, so the worker finishes first."""
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    """Destroy the process group before the interpreter exits (NCCL warns about one never destroyed).
+    The barrier first: it releases the GIL until gloo's worker threads have freed the last collective's
+    work, which they need the GIL for; destroying the group joins those threads while holding it."""
+    if tdist.is_initialized():
+        tdist.barrier()
+        tdist.destroy_process_group()
 
 
 def leave(code: int) -> NoReturn:
-    """End the trainer's process with `code`: at the end of a run (its files written and closed, its
-    process group destroyed: shutdown) and on an error that stops it. The exit handlers run (wandb,
-    multiprocessing's children, logging); the interpreter's teardown of the trainer's objects does
-    not. That teardown frees them in whatever order their references fall, and a DDP run's gloo
-    group can be freed by a destructor that holds the GIL while it joins a gloo worker thread that
-    waits for the GIL to free a tensor of the last collective: the rank hangs after its last line
-    (torch 2.13, about one 2-process DDP run in ten on a busy machine; gdb showed the worker in
-    ~AsyncAllgatherWork, in take_gil)."""
+    """End the trainer's process with `code` (at the end of a run, after shutdown, and on an error that
+    stops it): the exit handlers run (wandb, multiprocessing's children, logging), the interpreter's
+    teardown of the trainer's objects does not, because a gloo group freed there by a destructor that
+    holds the GIL can wait forever on a gloo worker thread that needs the GIL."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -90,8 +81,8 @@ def leave(code: int) -> NoReturn:
 
 
 def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
+    if tdist.is_initialized():
+        tdist.barrier()
 
 
 def any_rank(flag: bool | torch.Tensor, device: torch.device | str | None = None) -> bool:
@@ -99,12 +90,12 @@ def any_rank(flag: bool | torch.Tensor, device: torch.device | str | None = None
     to the host, so call it at start-up or at logging steps, not inside a step). `flag` may be a
     bool or a one-element tensor (e.g. a finiteness check on the GPU): a tensor is reduced as it is,
     so the one host read is of the agreed result."""
-    if not dist.is_initialized():
+    if not tdist.is_initialized():
         return bool(flag)
     device = device or collective_device()
     t = (flag.detach().reshape(1).to(device, torch.float32) if isinstance(flag, torch.Tensor)
          else torch.tensor([1.0 if flag else 0.0], device=device))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
     return bool(t.item() > 0)
 
 
@@ -118,9 +109,9 @@ def mean_across_ranks(values: Mapping[str, float | torch.Tensor],
     t = torch.stack([v.detach().reshape(()).to(device, torch.float64) if isinstance(v, torch.Tensor)
                      else torch.tensor(float(v), dtype=torch.float64, device=device)
                      for v in (values[k] for k in keys)])
-    if dist.is_initialized():
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
+    if tdist.is_initialized():
+        tdist.all_reduce(t)
+        t /= tdist.get_world_size()
     return dict(zip(keys, t.tolist()))
 
 

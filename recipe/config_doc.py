@@ -1,7 +1,7 @@
 """Render the config schema as Markdown tables, one per section, from the dataclasses'
 field docstrings, so TRAINING.md documents exactly the keys the code reads.
 
-    python -m train.config_doc > /tmp/keys.md
+    python -m recipe.config_doc > /tmp/keys.md
 """
 import ast
 import dataclasses

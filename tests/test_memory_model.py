@@ -1,9 +1,9 @@
-"""The memory model of `python -m models.summary`: its activation term against a real CPU forward,
+"""The memory model of `python -m models.memory_model`: its activation term against a real CPU forward,
 and the frozen parts it counts against what the data provides."""
 import pytest
 
 from tests.helpers import config_from
-from models.summary import budget, calibration, count_components, host_ram
+from models.memory_model import budget, calibration, count_components, host_ram
 
 # The trace counts the same tensors autograd keeps; what may differ is the attention kernel's
 # layout (fused kernels keep q, k, v, out, log-sum-exp) and the storage sharing of views.

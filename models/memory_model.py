@@ -1,4 +1,4 @@
-"""`python -m models.summary <config.yaml> [--gpus N] [--gpu-memory GIB] [--measure] [key=value ...]`:
+"""`python -m models.memory_model <config.yaml> [--gpus N] [--gpu-memory GIB] [--measure] [key=value ...]`:
 parameter counts, the per-GPU memory of a training step under ZeRO stages 0, 1 and 2, and the
 largest `training.batch_size` that fits a GPU of `--gpu-memory` GiB. With `training.ema.enabled` the
 static part includes the fp32 EMA of the weights (4 bytes per trainable parameter / W from ZeRO-1 on).
@@ -8,7 +8,7 @@ the full-size model is summarised in about a minute on a CPU. Per GPU and ZeRO s
 
     static      = trainable x (weights + gradients/W2 + optimizer state/W1) + frozen parts held on the GPU
                   + the umT5 text-embedding cache's bound when the text encoder is one of them
-    activations = batch x (kept + working set)     (models/activations.py, traced at the real shapes)
+    activations = batch x (kept + working set)     (models/activation_memory.py, traced at the real shapes)
     peak        = static + ZeRO buckets + max(activations, fp32 gradient partition at the optimizer step)
     fits        = peak <= FRAGMENTATION x gpu_memory - RESERVED_GIB
 
@@ -31,7 +31,7 @@ import torch
 from omegaconf import DictConfig
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from models import activations
+from models import activation_memory
 from models.build import (CACHED_INPUTS, FROZEN_OUTPUTS, frozen_parts_for_training, frozen_parts_needed,
                           provided_inputs, size_table_model)
 from models.serialization import count_parameters
@@ -132,10 +132,10 @@ def static_memory(counts: Mapping[str, int], trainable: int, muon: int, frozen_o
     return out
 
 
-def activation_memory(cfg: DictConfig, size: ModelSize) -> dict[bool, dict[str, int]]:
-    """Per-sample activation bytes, {checkpointing: {kept, working_set}} (models/activations.py)."""
+def activation_bytes(cfg: DictConfig, size: ModelSize) -> dict[bool, dict[str, int]]:
+    """Per-sample activation bytes, {checkpointing: {kept, working_set}} (models/activation_memory.py)."""
     return {c: {"kept": a.kept, "working_set": WORKING_LAYERS[c] * a.per_layer}
-            for c, a in activations.per_sample(cfg, size).items()}
+            for c, a in activation_memory.per_sample(cfg, size).items()}
 
 
 # Bytes per parameter of a param group alive during its optimizer step (step_transient).
@@ -173,7 +173,7 @@ def budget(cfg: DictConfig, counts: Mapping[str, int], model: WorldModel, size: 
     muon = muon_parameters(cfg, model)
     static = static_memory(counts, trainable, muon, frozen_on_gpu, cfg.model.precision, gpus, cfg.training.ema.enabled,
                            text_cache_bytes(cfg, frozen_on_gpu))
-    acts = activation_memory(cfg, size)
+    acts = activation_bytes(cfg, size)
     usable = FRAGMENTATION * gpu_memory * GIB - RESERVED_GIB * GIB
     batch = cfg.training.batch_size
     out = {"frozen_on_gpu": frozen_on_gpu, "usable_gib": gib(usable),
@@ -206,7 +206,7 @@ def zero2_prediction(cfg: DictConfig, gpus: int = 1) -> tuple[float, dict[bool, 
     frozen_on_gpu = frozen_parts_on_gpu(cfg)
     static = sum(static_memory(counts, trainable, muon, frozen_on_gpu, cfg.model.precision, gpus,
                                cfg.training.ema.enabled, text_cache_bytes(cfg, frozen_on_gpu))["zero2"].values())
-    per_sample = {c: a["kept"] + a["working_set"] for c, a in activation_memory(cfg, size).items()}
+    per_sample = {c: a["kept"] + a["working_set"] for c, a in activation_bytes(cfg, size).items()}
     return static, per_sample, step_transient(trainable, cfg.model.precision, gpus, 2, muon), counts
 
 
@@ -242,10 +242,10 @@ def calibration(cfg: DictConfig, num_layers: int | None = None) -> dict[str, dic
     size = get_size(cfg.model.size)
     depth = num_layers or size.num_layers
     size = replace(size, wan=dict(size.wan, num_layers=depth))
-    traced = activations.per_sample(cfg, size)
+    traced = activation_memory.per_sample(cfg, size)
     torch.manual_seed(0)
     real = size_table_model(cfg, depth)
-    measured = activations.measure(real, activations.example_inputs(cfg, real, size, 1))
+    measured = activation_memory.measure(real, activation_memory.example_inputs(cfg, real, size, 1))
     return {("checkpointing" if c else "no_checkpointing"): {
         "traced_bytes": traced[c].kept, "measured_bytes": measured[c].kept,
         "ratio": round(traced[c].kept / measured[c].kept, 4), "num_layers": depth} for c in (False, True)}
