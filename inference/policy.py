@@ -62,7 +62,7 @@ class Policy:
         self.height, self.width = c.video_height, c.video_width
         self.frame_layout = loaded.cfg.dataset.frame_layout
         self.image_shape = tuple(self.serving.image_shape or (c.video_height, c.video_width, 3))
-        self.use_state = self.model.settings.mode == "finetune"
+        self.use_state = self.model.settings.reads_state
         self.state_dim = self.model.spec["state_dim"]
         self.action_shape = (self.model.action_chunk_size, self.model.action_dim)
 

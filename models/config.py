@@ -120,3 +120,9 @@ class ModelConfig:
     time_distribution: TimeDistributionConfig = field(default_factory=TimeDistributionConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     loss_weights: LossWeightsConfig = field(default_factory=LossWeightsConfig)
+
+    @property
+    def reads_state(self) -> bool:
+        """The one rule for whether the model reads a robot state: in finetune mode (its action tokens start
+        with it; WorldModel.dims then has a state_dim), never in pretrain mode."""
+        return self.mode == "finetune"

@@ -65,7 +65,7 @@ class WorldModel(nn.Module):
         self.action_expert = ActionExpert(
             wan.num_layers, spec["action_hidden"], s.action_expert.ffn_dim_multiplier, inner,
             s.action_expert.norm_eps, spec["action_dim"], spec["state_dim"], spec["action_chunk_size"],
-            s.action_expert.num_registers, use_state=s.mode == "finetune",
+            s.action_expert.num_registers, use_state=s.reads_state,
             position_scale=s.action_expert.position_scale)
         self.und_expert = UndExpert(wan.num_layers, spec["und_hidden"], s.und_expert.ffn_dim_multiplier,
                                     inner, s.und_expert.norm_eps, spec["vlm_dim"], s.und_expert.vlm.projector_type)
@@ -78,7 +78,7 @@ class WorldModel(nn.Module):
         wan, spec = self.video.config, self.spec
         return ModelDims(latent_channels=wan.in_channels, latent_frames=self.latent_frames, text_dim=wan.text_dim,
                          vlm_dim=spec["vlm_dim"], action_chunk=self.action_chunk_size, action_dim=self.action_dim,
-                         state_dim=spec["state_dim"] if self.settings.mode == "finetune" else None)
+                         state_dim=spec["state_dim"] if self.settings.reads_state else None)
 
     def compile_blocks(self, mode: str | None = None) -> Self:
         """Regional torch.compile: one compiled joint layer function (and its checkpointed twin)

@@ -9,24 +9,45 @@ import pytest
 import torch
 
 from data.stream import collate
+from models.config import ModelConfig
 from utils.batch import SHAPES, BatchError, DataBatch, ModelBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny_config(tmp_path, mode="finetune"):
+    from tests.helpers import config_from
+
+    return config_from(tmp_path, {
+        "common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 4, "video_height": 64, "video_width": 64,
+                   "global_downsample_rate": 2, "video_action_freq_ratio": 2},
+        "model": {"size": "tiny", "mode": mode, "wan": {"vae_path": None, "text_encoder_path": None},
+                  "vlm": {"checkpoint_path": None}, "und_expert": {"vlm": {"input_dim": 32}}}})
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """The tiny world model with one layer, random init (no frozen part: batches are built here)."""
     from models.build import size_table_model
-    from tests.helpers import config_from
 
-    cfg = config_from(tmp_path_factory.mktemp("batch"), {
-        "common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 4, "video_height": 64, "video_width": 64,
-                   "global_downsample_rate": 2, "video_action_freq_ratio": 2},
-        "model": {"size": "tiny", "wan": {"vae_path": None, "text_encoder_path": None},
-                  "vlm": {"checkpoint_path": None}, "und_expert": {"vlm": {"input_dim": 32}}}})
     torch.manual_seed(0)
-    return size_table_model(cfg, num_layers=1)
+    return size_table_model(tiny_config(tmp_path_factory.mktemp("batch")), num_layers=1)
+
+
+def test_the_model_mode_alone_says_whether_the_model_reads_a_state(tmp_path):
+    """ModelConfig.reads_state is the one rule: the sizes a batch is held to and the action expert's
+    tokens follow it."""
+    from models.build import size_table_model
+
+    assert ModelConfig(mode="finetune").reads_state and not ModelConfig(mode="pretrain").reads_state
+    for mode, state_dim, tokens in (("finetune", 4, 1 + 8 + 4), ("pretrain", None, 8)):
+        (tmp_path / mode).mkdir()
+        with torch.device("meta"):
+            model = size_table_model(tiny_config(tmp_path / mode, mode), num_layers=1)
+        assert model.settings.reads_state == (mode == "finetune")
+        assert model.dims.state_dim == state_dim
+        assert model.action_expert.positions.shape[1] == tokens  # [state | chunk of 8 | 4 registers], or the chunk
+        assert (model.action_expert.state_encoder is None) == (state_dim is None)
 
 
 def batch_for(model, b=2, device="cpu", **changes):
