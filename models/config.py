@@ -6,7 +6,7 @@ Architecture sizes come from the named size table in `models/sizes.py`
 from dataclasses import dataclass, field
 from typing import Optional
 
-MODES = ("finetune", "pretrain")
+MODEL_MODES = ("finetune", "pretrain")
 """finetune: action tokens [state | chunk | registers]; pretrain: the chunk alone (no robot state)."""
 PRECISIONS = ("fp32", "bf16_mixed", "fp32_mixed")
 """fp32; bf16_mixed: bf16 weights, fp32 masters in DeepSpeed; fp32_mixed: fp32 weights, bf16 autocast."""

@@ -64,7 +64,7 @@ def batch_for(model, b=2, device="cpu", **changes):
 
 def test_the_model_refuses_a_batch_of_other_sizes_naming_the_field(model):
     good = batch_for(model)
-    assert model(good)["loss"].dim() == 0
+    assert model(good).loss.dim() == 0
     with pytest.raises(BatchError, match=r"^ModelBatch\.state: expected shape \[B=2, S=4\] \(B from video_latents; "
                                          r"S from the model\), got \[2, 5\]$"):
         model(good.replace(state=torch.zeros(2, 5)))
@@ -74,7 +74,7 @@ def test_the_model_refuses_a_batch_of_other_sizes_naming_the_field(model):
                                          r"\(z, T from the model\), got \[2, 8, 1, 8, 8\]$"):
         model(good.replace(video_latents=good.video_latents[:, :, :1]))  # training needs the whole clip...
     policy = model.sample(good.replace(video_latents=good.video_latents[:, :, :1], actions=None), "policy", 1)
-    assert policy["actions"].shape == (2, 8, 4)  # ...sampling a policy needs the condition frame only
+    assert policy.actions.shape == (2, 8, 4)  # ...sampling a policy needs the condition frame only
     with pytest.raises(BatchError, match=r"ModelBatch\.state: the model \(model.mode finetune\) reads a state "
                                          r"\[B, S=4\]; the batch has none"):
         model(good.replace(state=None))
@@ -163,7 +163,7 @@ def test_the_contract_is_what_the_model_reads(model, monkeypatch):
 
     batch = batch_for(model)  # built before recording: building reads every field
     monkeypatch.setattr(ModelBatch, "__getattribute__", recording)
-    model(batch)["loss"].backward()
+    model(batch).loss.backward()
     assert reads == fields
     reads.clear()
     for mode in ("policy", "forward_dynamics"):

@@ -8,7 +8,7 @@ import torch
 from checkpoint.zero import optimizer_state_by_name, save_plain_layout
 from train.engine import Engine, poison_nonfinite
 from utils import dist
-from utils.batch import ModelBatch
+from utils.batch import FlowLosses, ModelBatch
 
 MODEL_FILE, OPTIMIZER_FILE = "model.pt", "optimizer.pt"
 
@@ -22,11 +22,11 @@ class DDPEngine(Engine):
         self.base_optimizer = optimizer
         self.ema = self.whole_parameter_ema(cfg.training.ema)
 
-    def micro_step(self, inputs: ModelBatch, is_last: bool) -> dict[str, torch.Tensor]:
+    def micro_step(self, inputs: ModelBatch, is_last: bool) -> FlowLosses:
         sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(self.model)
         with sync:
             out = self.model(inputs)
-            self.accelerator.backward(poison_nonfinite(out["loss"]) / self.grad_accum)
+            self.accelerator.backward(poison_nonfinite(out.loss) / self.grad_accum)
         return out
 
     def optimizer_step(self) -> tuple[Any, bool]:

@@ -13,7 +13,7 @@ import torch
 from optim.hyperparameters import apply_group_options, group_options
 from train.ema import EMA
 from utils import dist
-from utils.batch import ModelBatch
+from utils.batch import FlowLosses, ModelBatch
 
 
 def poison_nonfinite(loss: torch.Tensor) -> torch.Tensor:
@@ -63,8 +63,9 @@ class Engine(ABC):
         return EMA(settings, [p for _, p in named], names=[n for n, _ in named])
 
     @abstractmethod
-    def micro_step(self, inputs: ModelBatch, is_last: bool) -> dict[str, torch.Tensor]:
-        """Forward and backward of one micro batch; gradients sync only at the last micro-step."""
+    def micro_step(self, inputs: ModelBatch, is_last: bool) -> FlowLosses:
+        """Forward and backward of one micro batch; gradients sync only at the last micro-step. Returns the
+        model's losses (their `logged()` part is what the trainer averages over micro-steps)."""
 
     @abstractmethod
     def optimizer_step(self) -> tuple[Any, bool]:
