@@ -160,12 +160,12 @@ def measure(engine, model, inputs, checkpointing, steps, device):
     for i in range(steps + 1):  # step 0: untimed (lazy optimizer state, kernel autotuning), inside the peak window
         start = time.perf_counter()
         out = engine(inputs)
-        engine.backward(out["loss"])
+        engine.backward(out.loss)
         engine.step()
         device.synchronize()
         if i:
             times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2], device.peak_gib(), float(out["loss"])
+    return sorted(times)[len(times) // 2], device.peak_gib(), float(out.loss)
 
 
 def bench_rows(size_name, opt, batches, steps, device, rows_path=None, overrides=()):

@@ -74,7 +74,7 @@ def measure_row(engine, model, cfg, size, batch, checkpointing, steps):
     with PeakInUse() as p:
         for _ in range(steps):
             out = engine(inputs)
-            engine.backward(out["loss"])
+            engine.backward(out.loss)
             engine.step()
     return p.peak, p.op
 

@@ -173,7 +173,7 @@ def measure_parts(args):
         return time.perf_counter() - start
 
     def fwd_bwd(i):
-        models[i](inputs)["loss"].backward()
+        models[i](inputs).loss.backward()
 
     def opt_step(i):
         optimizers[i].step()

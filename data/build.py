@@ -1,7 +1,7 @@
 """build_datasets / build_train_stream / build_val_loader: the data part's entry points."""
 import logging
 import os
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 from omegaconf import DictConfig
@@ -14,6 +14,10 @@ from data.lerobot_format import LeRobotSource
 from data.normalize import NormStats, compute_feature_stats
 from data.robotwin import CAMERA as ROBOTWIN_CAMERA, load_robotwin
 from data.stream import TrainStream, ValLoader
+from utils.window_source import WindowSource
+
+if TYPE_CHECKING:
+    from data.cache import CachedDataset
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +127,7 @@ def split(episodes: Sequence[Episode], dcfg: DictConfig) -> tuple[list[Episode],
     return train, val
 
 
-def build_datasets(cfg: DictConfig) -> tuple[Any, Any, NormStats]:
+def build_datasets(cfg: DictConfig) -> tuple[WindowSource[Any], WindowSource[Any] | None, NormStats]:
     """(train_set, val_set or None, stats). Raises DataError with a clear message on bad paths/data."""
     dcfg = cfg.dataset
     if dcfg.type == "synthetic":
@@ -139,8 +143,8 @@ def build_datasets(cfg: DictConfig) -> tuple[Any, Any, NormStats]:
     if not train:
         raise DataError("every episode is held out for validation; lower dataset.val_fraction "
                         "or shorten dataset.val_episodes")
-    train_set: Any  # an EpisodeDataset or a CachedDataset: the same draw/load/len interface
-    val_set: Any
+    train_set: "EpisodeDataset | CachedDataset"
+    val_set: "EpisodeDataset | CachedDataset | None"
     if dcfg.cache_dir is not None:
         from data.cache import CachedDataset
         cached = lambda eps: CachedDataset(dcfg.cache_dir, cfg, stats, episodes,  # noqa: E731
@@ -163,12 +167,12 @@ def build_datasets(cfg: DictConfig) -> tuple[Any, Any, NormStats]:
     return train_set, val_set, stats
 
 
-def build_train_stream(train_set: Any, cfg: DictConfig, rank: int = 0, world_size: int = 1) -> TrainStream:
+def build_train_stream(train_set: WindowSource[Any], cfg: DictConfig, rank: int = 0, world_size: int = 1) -> TrainStream:
     return TrainStream(train_set, cfg.training.seed, cfg.training.batch_size, rank, world_size,
                        cfg.system.num_workers, cfg.system.pin_memory, cfg.dataset.skip_bad_samples)
 
 
-def build_val_loader(val_set: Any, cfg: DictConfig, rank: int = 0, world_size: int = 1) -> ValLoader | None:
+def build_val_loader(val_set: WindowSource[Any] | None, cfg: DictConfig, rank: int = 0, world_size: int = 1) -> ValLoader | None:
     """Finite and sharded; None when there is no validation set."""
     if val_set is None:
         return None

@@ -112,7 +112,8 @@ class _Shards:
 
 
 class CachedDataset:
-    """Windows read from a latent cache instead of decoded and encoded every step."""
+    """Windows read from a latent cache instead of decoded and encoded every step (a WindowSource,
+    utils/window_source.py, whose windows are row numbers)."""
 
     def __init__(self, cache_dir: str, cfg: DictConfig, stats: NormStats, episodes: Sequence[Episode],
                  keep: Collection[tuple[str, int]],
@@ -133,6 +134,7 @@ class CachedDataset:
         self._by_source = {s: [i for i, r in enumerate(self.rows) if r[2] == s] for s in self.sources}
         w = [len(self._by_source[s]) if source_weights is None else source_weights[s] for s in self.sources]
         self.source_probs = np.asarray(w, dtype=np.float64) / max(sum(w), 1e-12)
+        self.bad_episodes: list[str] = []  # the unreadable episodes left out, set by data/build.py
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -3,7 +3,8 @@
 A dataset here is a set of episodes plus the rules to turn a window (episode, condition
 frame) into a sample. The train stream asks it to `draw` windows with a seeded generator;
 the validation loader walks its fixed `val_windows`. Both go through `load`, which raises
-DataError (naming file and episode) for anything unreadable.
+DataError (naming file and episode) for anything unreadable. That interface is
+utils/window_source.py's `WindowSource`, which data/cache.py's CachedDataset satisfies too.
 """
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ from data.lerobot_format import ParquetImages
 from data.normalize import NormStats
 from data.transforms import compose_frames
 from data.video import read_frames
+from utils.window_source import Window, WindowSource
 
 
 class EpisodeDataset:
@@ -35,6 +37,7 @@ class EpisodeDataset:
                             for s, idx in self._by_source.items()}
         self.sources = sources
         self.source_probs = self._probabilities(source_weights)
+        self.bad_episodes: list[str] = []  # the unreadable episodes left out, set by data/build.py
 
     def _probabilities(self, source_weights: Sequence[float] | None) -> np.ndarray:
         if not self.sources:
@@ -116,7 +119,7 @@ class EpisodeDataset:
             raise DataError(f"{ep.describe()}: {e} (dataset.image_keys {self.image_keys})") from None
 
 
-def try_load(dataset: Any, window: Any, skip: bool, errors: list[str]) -> dict[str, Any] | None:
+def try_load(dataset: WindowSource[Window], window: Window, skip: bool, errors: list[str]) -> dict[str, Any] | None:
     """The sample of `window` carrying the errors met so far (key "_bad"), or None when it is bad
     and bad samples are skipped (its error is appended to `errors`)."""
     try:
@@ -139,7 +142,7 @@ class TrainDraws(torch.utils.data.Dataset):
 
     MAX_ATTEMPTS = 20
 
-    def __init__(self, dataset: Any, seed: int, skip_bad_samples: bool) -> None:
+    def __init__(self, dataset: WindowSource[Any], seed: int, skip_bad_samples: bool) -> None:
         self.dataset, self.seed, self.skip = dataset, seed, skip_bad_samples
 
     def __len__(self) -> int:  # the stream is infinite; DataLoader only needs a number
@@ -159,7 +162,7 @@ class TrainDraws(torch.utils.data.Dataset):
 class FixedWindows(torch.utils.data.Dataset):
     """A fixed list of windows (validation, cache building); a bad one is replaced by the next good one."""
 
-    def __init__(self, dataset: Any, windows: Sequence[Any], skip_bad_samples: bool) -> None:
+    def __init__(self, dataset: WindowSource[Any], windows: Sequence[Any], skip_bad_samples: bool) -> None:
         self.dataset, self.windows, self.skip = dataset, list(windows), skip_bad_samples
 
     def __len__(self) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from data.dataset import FixedWindows, TrainDraws
 from utils.batch import DataBatch
+from utils.window_source import WindowSource
 
 logger = logging.getLogger(__name__)
 _REPORTED = 20  # bad-sample messages kept for the report
@@ -76,7 +77,7 @@ class BadSampleLog:
 class TrainStream:
     """`next(stream)` -> batch; `state_dict()` / `load_state_dict()` for exact resume."""
 
-    def __init__(self, dataset: Any, seed: int, batch_size: int, rank: int = 0, world_size: int = 1,
+    def __init__(self, dataset: WindowSource[Any], seed: int, batch_size: int, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, pin_memory: bool = False, skip_bad_samples: bool = False) -> None:
         self.draws = TrainDraws(dataset, seed, skip_bad_samples)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
@@ -134,7 +135,7 @@ class ValLoader:
     the same number of batches: validation makes collective calls on every rank.
     """
 
-    def __init__(self, dataset: Any, batch_size: int, rank: int, world_size: int, num_workers: int = 0,
+    def __init__(self, dataset: WindowSource[Any], batch_size: int, rank: int, world_size: int, num_workers: int = 0,
                  skip_bad_samples: bool = False) -> None:
         windows = dataset.val_windows()
         if not windows:

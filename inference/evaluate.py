@@ -23,8 +23,8 @@ from tqdm import tqdm
 from checkpoint.finetune import WEIGHT_SETS
 from inference import metrics
 from inference.load import CheckpointError, load_checkpoint
-from inference.metrics import ACTION_MODES, MODES, VIDEO_MODES
 from inference.policy import Policy
+from models.flow import ACTION_MODES, SAMPLE_MODES, VIDEO_MODES
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -90,10 +90,10 @@ def run(policy: Policy, dataset: "EpisodeDataset", windows: list[tuple[int, int]
             got["recon"].append(policy.encoders.decode_video(inputs.video_latents).cpu().numpy())
         for mode in modes:
             out = policy.sample(inputs, seeds, mode, num_steps)
-            got[f"{mode}/actions"].append(out["actions"].numpy())
+            got[f"{mode}/actions"].append(out.actions.numpy())
             if mode in VIDEO_MODES:
-                got[f"{mode}/latents"].append(out["video_latents"].cpu().numpy())
-                got[f"{mode}/video"].append(policy.encoders.decode_video(out["video_latents"]).cpu().numpy())
+                got[f"{mode}/latents"].append(out.video_latents.cpu().numpy())
+                got[f"{mode}/video"].append(policy.encoders.decode_video(out.video_latents).cpu().numpy())
     return {k: np.concatenate(v) for k, v in got.items() if v}
 
 
@@ -118,9 +118,9 @@ def figures(got: dict[str, np.ndarray], modes: Sequence[str], mean_action: Seque
 
 def parse_modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in SAMPLE_MODES]
     if bad or not modes:
-        raise CheckpointError(f"--modes {text!r}: expected a comma-separated list of {', '.join(MODES)}")
+        raise CheckpointError(f"--modes {text!r}: expected a comma-separated list of {', '.join(SAMPLE_MODES)}")
     return modes
 
 
@@ -130,7 +130,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", default=None, help="a recipe YAML replacing the checkpoint's config")
     p.add_argument("--dataset", default=None, help="evaluate every episode of this folder instead of the held-out ones")
     p.add_argument("--episodes", type=int, default=None, help="only the first N episodes")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated sampling modes")
+    p.add_argument("--modes", default=",".join(SAMPLE_MODES), help="comma-separated sampling modes")
     p.add_argument("--seed", type=int, default=0, help="seeds every sample's noise (same seed, same report)")
     p.add_argument("--steps", type=int, default=None, help="Euler steps (default model.inference.num_inference_timesteps)")
     p.add_argument("--batch_size", type=int, default=8)

@@ -15,9 +15,6 @@ Errors = dict[str, float | list[float]]
 """Named errors: a pooled value (float) or one per dimension, step or frame (list)."""
 
 PEAK_TO_PEAK = 2.0
-MODES = ("policy", "joint", "video", "forward_dynamics", "inverse_dynamics")
-ACTION_MODES = ("policy", "joint", "inverse_dynamics")  # the modes that generate actions
-VIDEO_MODES = ("joint", "video", "forward_dynamics")  # the modes that generate video
 
 
 def action_errors(pred: np.ndarray, true: np.ndarray) -> Errors:

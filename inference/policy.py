@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from data.transforms import compose_frames
-from utils.batch import DataBatch, ModelBatch
+from utils.batch import DataBatch, FlowSample, ModelBatch
 
 if TYPE_CHECKING:
     from inference.load import Loaded
@@ -62,7 +62,7 @@ class Policy:
         self.height, self.width = c.video_height, c.video_width
         self.frame_layout = loaded.cfg.dataset.frame_layout
         self.image_shape = tuple(self.serving.image_shape or (c.video_height, c.video_width, 3))
-        self.use_state = self.model.settings.mode == "finetune"
+        self.use_state = self.model.settings.reads_state
         self.state_dim = self.model.spec["state_dim"]
         self.action_shape = (self.model.action_chunk_size, self.model.action_dim)
 
@@ -130,14 +130,14 @@ class Policy:
 
     @torch.no_grad()
     def sample(self, inputs: ModelBatch, seeds: list[int], mode: str = "policy",
-               num_steps: int | None = None) -> dict[str, torch.Tensor]:
-        """Encoded inputs (FrozenEncoders.encode) -> {"video_latents", "actions" (robot units, CPU)}."""
+               num_steps: int | None = None) -> FlowSample:
+        """Encoded inputs (FrozenEncoders.encode) -> the model's sample, its actions in robot units on the CPU."""
         noise = sample_noise(self.model, inputs.video_latents[:, :, :1], seeds)
         out = self.model.sample(inputs, mode, num_steps or self.num_steps, noise=noise)
-        actions = out["actions"]
         # None only from a mode that does not generate actions, on inputs without them (evaluate's batches hold them)
-        assert actions is not None, f"sample mode {mode!r} returned no actions: the inputs hold none"
-        return {"video_latents": out["video_latents"], "actions": self.stats.unnormalize_action(actions.float().cpu())}
+        assert out.actions is not None, f"sample mode {mode!r} returned no actions: the inputs hold none"
+        return FlowSample(video_latents=out.video_latents,
+                          actions=self.stats.unnormalize_action(out.actions.float().cpu()))
 
     def infer(self, observations: Iterable[object], seeds: list[int] | None = None) -> np.ndarray:
         """Observations -> action chunks float32 [B, chunk, action_dim] in robot units (all from
@@ -148,4 +148,4 @@ class Policy:
         """The same, for observations `check` has already accepted."""
         seeds = [self.serving.seed] * len(checked) if seeds is None else seeds
         inputs = self.encoders.encode(self.batch(checked))
-        return self.sample(inputs, seeds)["actions"].numpy().astype(np.float32)
+        return self.sample(inputs, seeds).actions.numpy().astype(np.float32)

@@ -52,8 +52,8 @@ def media(got: dict[str, np.ndarray], modes: Sequence[str], out: str, count: int
     import torch
 
     from utils.video_file import VideoEncoder
+    from models.flow import ACTION_MODES, VIDEO_MODES
     from models.report import action_figure, side_by_side
-    from inference.metrics import ACTION_MODES, VIDEO_MODES
 
     os.makedirs(os.path.join(out, "samples"), exist_ok=True)
     written = []

@@ -55,7 +55,7 @@ def example_inputs(cfg: DictConfig, model: wm.WorldModel, size: ModelSize, batch
         video_latents=torch.randn(batch, size.vae["z_dim"], spec["latent_frames"], c.video_height // spatial,
                                   c.video_width // spatial, device=device),
         actions=torch.randn(batch, c.action_chunk_size, c.action_dim, device=device),
-        state=torch.randn(batch, c.state_dim, device=device) if cfg.model.mode == "finetune" else None,
+        state=torch.randn(batch, c.state_dim, device=device) if model.settings.reads_state else None,
         text_embeds=torch.randn(batch, size.text_len, size.text_encoder["d_model"], device=device),
         text_mask=torch.ones(batch, size.text_len, dtype=torch.bool, device=device),
         vlm_features=torch.randn(batch, vlm_len, spec["vlm_dim"], device=device))

@@ -6,7 +6,7 @@ Architecture sizes come from the named size table in `models/sizes.py`
 from dataclasses import dataclass, field
 from typing import Optional
 
-MODES = ("finetune", "pretrain")
+MODEL_MODES = ("finetune", "pretrain")
 """finetune: action tokens [state | chunk | registers]; pretrain: the chunk alone (no robot state)."""
 PRECISIONS = ("fp32", "bf16_mixed", "fp32_mixed")
 """fp32; bf16_mixed: bf16 weights, fp32 masters in DeepSpeed; fp32_mixed: fp32 weights, bf16 autocast."""
@@ -120,3 +120,9 @@ class ModelConfig:
     time_distribution: TimeDistributionConfig = field(default_factory=TimeDistributionConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     loss_weights: LossWeightsConfig = field(default_factory=LossWeightsConfig)
+
+    @property
+    def reads_state(self) -> bool:
+        """The one rule for whether the model reads a robot state: in finetune mode (its action tokens start
+        with it; WorldModel.dims then has a state_dim), never in pretrain mode."""
+        return self.mode == "finetune"

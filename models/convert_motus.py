@@ -233,7 +233,7 @@ def convert_for_model(path: str, model: "WorldModel", allow_shape_mismatch: Iter
                       key: str = "SRC") -> tuple[dict[str, torch.Tensor], ConversionReport]:
     """Read the Motus checkpoint at `path` and convert it for `model` (a WorldModel; may be on meta)."""
     state, report = fit_to_model(read_motus_state(path, key), model.state_dict(),
-                                 model.settings.mode == "finetune", path, allow_shape_mismatch)
+                                 model.settings.reads_state, path, allow_shape_mismatch)
     report.notes += settings_differences(path, model.settings)
     return state, report
 

@@ -10,20 +10,25 @@ from typing import TYPE_CHECKING
 import torch
 
 from models.config import TimeDistributionConfig
-from utils.batch import ModelBatch
+from utils.batch import FlowLosses, FlowSample, ModelBatch
 
 if TYPE_CHECKING:  # world_model imports this module
     from models.world_model import WorldModel
 
-# Per mode, what each stream does: "generate" (Euler from s=1 to 0), "given" (clean input
-# kept, s=0) or "marginal" (held at pure noise, s=1: the stream is integrated out).
-MODES = {
-    "joint": ("generate", "generate"),
+# Per sampling mode, what each stream (video, actions) does: "generate" (Euler from s=1 to 0), "given"
+# (clean input kept, s=0) or "marginal" (held at pure noise, s=1: the stream is integrated out).
+# In the order inference.evaluate runs them by default.
+SAMPLE_MODES = {
     "policy": ("marginal", "generate"),
+    "joint": ("generate", "generate"),
     "video": ("generate", "marginal"),
     "forward_dynamics": ("generate", "given"),
     "inverse_dynamics": ("given", "generate"),
 }
+VIDEO_MODES = tuple(m for m, (video, _) in SAMPLE_MODES.items() if video == "generate")
+"""The sampling modes that generate video (evaluation decodes and scores their frames)."""
+ACTION_MODES = tuple(m for m, (_, actions) in SAMPLE_MODES.items() if actions == "generate")
+"""The sampling modes that generate actions (evaluation scores their action chunks)."""
 
 MOTUS_NUM_TRAIN_STEPS = 1000  # the discrete schedule of `uniform` and the timestep scale of Wan
 
@@ -140,7 +145,7 @@ def _draw_noise_per_sample(x0: torch.Tensor, a0: torch.Tensor, td: TimeDistribut
 
 
 def flow_losses(model: "WorldModel", inputs: ModelBatch,
-                generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                generator: torch.Generator | None = None) -> FlowLosses:
     """Noise both streams at independent levels, predict velocities, return the losses.
 
     `inputs.noise_seeds`, when given, seeds each sample's noise."""
@@ -161,22 +166,22 @@ def flow_losses(model: "WorldModel", inputs: ModelBatch,
     action_loss = (v_action.float() - (eps_action - a0)).pow(2).mean()
     w = model.settings.loss_weights
     loss = w.video_loss_weight * video_loss + w.action_loss_weight * action_loss
-    return {"loss": loss, "video_loss": video_loss.detach(), "action_loss": action_loss.detach(),
-            "noise_level_video": s_video.mean().detach(), "noise_level_action": s_action.mean().detach()}
+    return FlowLosses(loss=loss, video_loss=video_loss.detach(), action_loss=action_loss.detach(),
+                      noise_level_video=s_video.mean().detach(), noise_level_action=s_action.mean().detach())
 
 
 @torch.no_grad()
 def euler_sample(model: "WorldModel", inputs: ModelBatch, mode: str, num_steps: int,
                  generator: torch.Generator | None = None, noise: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> dict[str, torch.Tensor | None]:
+                 ) -> FlowSample:
     """Integrate from s=1 to 0 over `linspace(1, 0, num_steps + 1)` for the streams that `mode`
     generates; given streams stay clean, marginal ones stay at pure noise. Latent frame 0
     is re-imposed after every step. Streams not generated are returned as given (or None).
     `noise`: (video, actions) starting noise instead of draws from `generator`, so a sample's
     result need not depend on the batch it is in."""
-    if mode not in MODES:
-        raise ValueError(f"sample mode '{mode}'; expected one of {', '.join(MODES)}")
-    video_role, action_role = MODES[mode]
+    if mode not in SAMPLE_MODES:
+        raise ValueError(f"sample mode '{mode}'; expected one of {', '.join(SAMPLE_MODES)}")
+    video_role, action_role = SAMPLE_MODES[mode]
     given_video, given_actions = inputs.video_latents.float(), inputs.actions
     batch, device = given_video.shape[0], given_video.device
     video_shape = (batch, given_video.shape[1], model.latent_frames, *given_video.shape[3:])
@@ -208,5 +213,5 @@ def euler_sample(model: "WorldModel", inputs: ModelBatch, mode: str, num_steps: 
             x_video[:, :, :1] = given_video[:, :, :1]
         if action_role == "generate":
             x_action = x_action + ds * v_action.float()
-    return {"video_latents": x_video if video_role == "generate" else inputs.video_latents,
-            "actions": x_action if action_role == "generate" else given_actions}
+    return FlowSample(video_latents=x_video if video_role == "generate" else inputs.video_latents,
+                      actions=x_action if action_role == "generate" else given_actions)

@@ -2,9 +2,9 @@
 
     inputs = encoders.encode(batch)                       # a DataBatch -> a ModelBatch (utils/batch.py)
     pred = model.sample(inputs, "joint")
-    grid, fig = prediction_figures(batch.video, encoders.decode_video(pred["video_latents"]),
+    grid, fig = prediction_figures(batch.video, encoders.decode_video(pred.video_latents),
                                    stats.unnormalize_action(batch.actions),
-                                   stats.unnormalize_action(pred["actions"]))
+                                   stats.unnormalize_action(pred.actions))
     writer.add_image("val/frames", grid, step); writer.add_figure("val/actions", fig, step)
 """
 from collections.abc import Mapping, Sequence

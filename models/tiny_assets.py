@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig
@@ -28,11 +28,12 @@ from models.serialization import ModelLoadError
 from models.sizes import TINY, TINY_VOCAB, ModelSize
 
 if TYPE_CHECKING:  # imported where used: reading a recipe does not load them
-    import numpy as np
     from diffusers import AutoencoderKLWan
     from transformers import (PreTrainedTokenizerBase, PreTrainedTokenizerFast, Qwen3VLForConditionalGeneration,
                               UMT5EncoderModel)
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from utils.window_source import WindowSource
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,6 @@ COLOUR_WEIGHT = 20.0
 # larger frames are fitted on random crops of this size: the VAE is convolutional, so a crop teaches it
 # the same objects at the same scale, and the fit's cost stays that of a 96x128 frame
 FIT_CROP = (96, 128)
-
-
-class WindowSource(Protocol):
-    """A dataset that draws a training window and loads its sample (data/dataset.py's EpisodeDataset, data/cache.py's
-    cache): the window is whatever `draw` returns."""
-
-    def draw(self, rng: "np.random.Generator", /) -> Any: ...
-
-    def load(self, window: Any, /) -> dict[str, Any]: ...
 
 
 def build_tokenizer(texts: Iterable[str] = ()) -> "PreTrainedTokenizerFast":
@@ -173,7 +165,7 @@ def random_crops(x: torch.Tensor, gen: torch.Generator, size: tuple[int, int] = 
     return torch.stack([v[..., y:y + h, x0:x0 + w] for v, y, x0 in zip(x, ys, xs)])
 
 
-def training_videos(dataset: WindowSource, count: int = FIT_VIDEOS, seed: int = 0) -> torch.Tensor | None:
+def training_videos(dataset: "WindowSource[Any]", count: int = FIT_VIDEOS, seed: int = 0) -> torch.Tensor | None:
     """`count` training windows' videos [count, T, 3, H, W] from a dataset with draw(rng) and load(window)
     (data/dataset.py EpisodeDataset), or None when its samples carry no raw video (a latent cache)."""
     import numpy as np

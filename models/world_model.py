@@ -22,7 +22,7 @@ from models.config import ModelConfig
 from models.experts import ActionExpert, UndExpert
 from models.flow import MOTUS_NUM_TRAIN_STEPS, euler_sample, flow_losses
 from models.joint import joint_layer
-from utils.batch import ModelBatch, ModelDims
+from utils.batch import FlowLosses, FlowSample, ModelBatch, ModelDims
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class WorldModel(nn.Module):
         self.action_expert = ActionExpert(
             wan.num_layers, spec["action_hidden"], s.action_expert.ffn_dim_multiplier, inner,
             s.action_expert.norm_eps, spec["action_dim"], spec["state_dim"], spec["action_chunk_size"],
-            s.action_expert.num_registers, use_state=s.mode == "finetune",
+            s.action_expert.num_registers, use_state=s.reads_state,
             position_scale=s.action_expert.position_scale)
         self.und_expert = UndExpert(wan.num_layers, spec["und_hidden"], s.und_expert.ffn_dim_multiplier,
                                     inner, s.und_expert.norm_eps, spec["vlm_dim"], s.und_expert.vlm.projector_type)
@@ -78,7 +78,7 @@ class WorldModel(nn.Module):
         wan, spec = self.video.config, self.spec
         return ModelDims(latent_channels=wan.in_channels, latent_frames=self.latent_frames, text_dim=wan.text_dim,
                          vlm_dim=spec["vlm_dim"], action_chunk=self.action_chunk_size, action_dim=self.action_dim,
-                         state_dim=spec["state_dim"] if self.settings.mode == "finetune" else None)
+                         state_dim=spec["state_dim"] if self.settings.reads_state else None)
 
     def compile_blocks(self, mode: str | None = None) -> Self:
         """Regional torch.compile: one compiled joint layer function (and its checkpointed twin)
@@ -172,16 +172,16 @@ class WorldModel(nn.Module):
         return v.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
     # ---- training and inference ------------------------------------------------------------
-    def forward(self, inputs: ModelBatch, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """Rectified-flow losses: dict(loss, video_loss, action_loss, noise_level_video, noise_level_action)."""
+    def forward(self, inputs: ModelBatch, generator: torch.Generator | None = None) -> FlowLosses:
+        """Rectified-flow losses of a training batch (models/flow.py flow_losses)."""
         inputs.check(self.dims, training=True)
         return flow_losses(self, inputs, generator)
 
     def sample(self, inputs: ModelBatch, mode: str, num_steps: int | None = None,
                generator: torch.Generator | None = None,
-               noise: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor | None]:
-        """Euler sampling; mode in joint|policy|video|forward_dynamics|inverse_dynamics.
-        Returns dict(video_latents, actions) with actions normalised (as the data gives them).
+               noise: tuple[torch.Tensor, torch.Tensor] | None = None) -> FlowSample:
+        """Euler sampling in one of models/flow.py's SAMPLE_MODES (policy, joint, video, forward_dynamics,
+        inverse_dynamics); the actions come back normalised (as the data gives them).
         `noise`: optional starting noise (video [B, z, latent_frames, h, w], actions [B, chunk, dim])."""
         inputs.check(self.dims, training=False)
         steps = num_steps or self.settings.inference.num_inference_timesteps

@@ -15,7 +15,7 @@ from typing import Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from data.config import DATA_MODES, DATASET_TYPES, FRAME_LAYOUTS, NORMALIZATIONS, TASK_MODES
-from models.config import MODES, NOISE_LAWS, PRECISIONS, PROJECTOR_TYPES
+from models.config import MODEL_MODES, NOISE_LAWS, PRECISIONS, PROJECTOR_TYPES
 from models.sizes import SIZES
 from optim.config import ADJUST_LR_FNS, NS_DTYPES, NS_METHODS, OPTIMIZERS
 from optim.routing import PRESETS
@@ -31,7 +31,7 @@ CHOICES = {
     "dataset.task_mode": TASK_MODES,
     "dataset.frame_layout": FRAME_LAYOUTS,
     "model.size": tuple(SIZES),
-    "model.mode": MODES,
+    "model.mode": MODEL_MODES,
     "model.precision": PRECISIONS,
     "model.time_distribution.timestep_sample_method": NOISE_LAWS,
     "model.und_expert.vlm.projector_type": PROJECTOR_TYPES,

@@ -8,6 +8,7 @@ model parameters, the optimizer's own (fp32 master) parameters and its state are
 before and after the step. Kept under tests/: the product code has no hook for this.
 """
 import atexit
+import dataclasses
 import json
 import os
 import sys
@@ -53,8 +54,8 @@ def micro_step(self, inputs, is_last):
             out = model._unpoisoned_forward(*args, **kwargs)
             kind = POISON.get(str(current["step"]))
             if kind and RANK == POISON_RANK:
-                nan = torch.tensor(float("nan"), device=out["loss"].device)
-                out = {**out, "loss": out["loss"] + nan if kind == "add" else out["loss"] * nan}
+                nan = torch.tensor(float("nan"), device=out.loss.device)
+                out = dataclasses.replace(out, loss=out.loss + nan if kind == "add" else out.loss * nan)
             return out
         model.forward = forward
     return ORIGINAL[type(self)][0](self, inputs, is_last)

@@ -9,24 +9,45 @@ import pytest
 import torch
 
 from data.stream import collate
+from models.config import ModelConfig
 from utils.batch import SHAPES, BatchError, DataBatch, ModelBatch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny_config(tmp_path, mode="finetune"):
+    from tests.helpers import config_from
+
+    return config_from(tmp_path, {
+        "common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 4, "video_height": 64, "video_width": 64,
+                   "global_downsample_rate": 2, "video_action_freq_ratio": 2},
+        "model": {"size": "tiny", "mode": mode, "wan": {"vae_path": None, "text_encoder_path": None},
+                  "vlm": {"checkpoint_path": None}, "und_expert": {"vlm": {"input_dim": 32}}}})
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """The tiny world model with one layer, random init (no frozen part: batches are built here)."""
     from models.build import size_table_model
-    from tests.helpers import config_from
 
-    cfg = config_from(tmp_path_factory.mktemp("batch"), {
-        "common": {"action_dim": 4, "state_dim": 4, "num_video_frames": 4, "video_height": 64, "video_width": 64,
-                   "global_downsample_rate": 2, "video_action_freq_ratio": 2},
-        "model": {"size": "tiny", "wan": {"vae_path": None, "text_encoder_path": None},
-                  "vlm": {"checkpoint_path": None}, "und_expert": {"vlm": {"input_dim": 32}}}})
     torch.manual_seed(0)
-    return size_table_model(cfg, num_layers=1)
+    return size_table_model(tiny_config(tmp_path_factory.mktemp("batch")), num_layers=1)
+
+
+def test_the_model_mode_alone_says_whether_the_model_reads_a_state(tmp_path):
+    """ModelConfig.reads_state is the one rule: the sizes a batch is held to and the action expert's
+    tokens follow it."""
+    from models.build import size_table_model
+
+    assert ModelConfig(mode="finetune").reads_state and not ModelConfig(mode="pretrain").reads_state
+    for mode, state_dim, tokens in (("finetune", 4, 1 + 8 + 4), ("pretrain", None, 8)):
+        (tmp_path / mode).mkdir()
+        with torch.device("meta"):
+            model = size_table_model(tiny_config(tmp_path / mode, mode), num_layers=1)
+        assert model.settings.reads_state == (mode == "finetune")
+        assert model.dims.state_dim == state_dim
+        assert model.action_expert.positions.shape[1] == tokens  # [state | chunk of 8 | 4 registers], or the chunk
+        assert (model.action_expert.state_encoder is None) == (state_dim is None)
 
 
 def batch_for(model, b=2, device="cpu", **changes):
@@ -43,7 +64,7 @@ def batch_for(model, b=2, device="cpu", **changes):
 
 def test_the_model_refuses_a_batch_of_other_sizes_naming_the_field(model):
     good = batch_for(model)
-    assert model(good)["loss"].dim() == 0
+    assert model(good).loss.dim() == 0
     with pytest.raises(BatchError, match=r"^ModelBatch\.state: expected shape \[B=2, S=4\] \(B from video_latents; "
                                          r"S from the model\), got \[2, 5\]$"):
         model(good.replace(state=torch.zeros(2, 5)))
@@ -53,7 +74,7 @@ def test_the_model_refuses_a_batch_of_other_sizes_naming_the_field(model):
                                          r"\(z, T from the model\), got \[2, 8, 1, 8, 8\]$"):
         model(good.replace(video_latents=good.video_latents[:, :, :1]))  # training needs the whole clip...
     policy = model.sample(good.replace(video_latents=good.video_latents[:, :, :1], actions=None), "policy", 1)
-    assert policy["actions"].shape == (2, 8, 4)  # ...sampling a policy needs the condition frame only
+    assert policy.actions.shape == (2, 8, 4)  # ...sampling a policy needs the condition frame only
     with pytest.raises(BatchError, match=r"ModelBatch\.state: the model \(model.mode finetune\) reads a state "
                                          r"\[B, S=4\]; the batch has none"):
         model(good.replace(state=None))
@@ -142,7 +163,7 @@ def test_the_contract_is_what_the_model_reads(model, monkeypatch):
 
     batch = batch_for(model)  # built before recording: building reads every field
     monkeypatch.setattr(ModelBatch, "__getattribute__", recording)
-    model(batch)["loss"].backward()
+    model(batch).loss.backward()
     assert reads == fields
     reads.clear()
     for mode in ("policy", "forward_dynamics"):

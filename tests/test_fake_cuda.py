@@ -275,7 +275,7 @@ def train_step(engine, encoders, batch, cfg, step, guard):
     batch = to_device(batch, engine.device)
     inputs = encoders.encode(batch).replace(noise_seeds=noise_seeds(cfg.training.seed, step, batch))
     out = engine.micro_step(inputs, is_last=True)
-    loss_sum = {k: out[k].detach() for k in ("loss", "video_loss", "action_loss")}
+    loss_sum = out.logged()
     grad_norm, skipped = engine.optimizer_step(step)
     guard.after_step(step, skipped, loss_sum, grad_norm)
     make_record(step=step, loss_sum=loss_sum, grad_norm=grad_norm, param_groups=engine.param_groups, lrs=[0.0],
@@ -441,7 +441,7 @@ def test_a_cpu_tensor_planted_in_the_inference_batch_fails_the_suite(tiny_cfg, f
 def test_every_evaluation_mode_samples_on_the_gpu(tiny_cfg, fake_cuda_guard):
     """inference.evaluate.run's calls for one batch: encode a collated (host) batch, then sample every mode,
     decoding the video modes' latents; the given actions of inverse_dynamics come from that batch."""
-    from inference.metrics import MODES, VIDEO_MODES
+    from models.flow import SAMPLE_MODES, VIDEO_MODES
 
     model, encoders, Policy = policy_on_fake_cuda(tiny_cfg)
     with fake_cuda() as traffic:
@@ -450,13 +450,13 @@ def test_every_evaluation_mode_samples_on_the_gpu(tiny_cfg, fake_cuda_guard):
         inputs = policy.encoders.encode(batch)
         assert_on_cuda(inputs, "the evaluation inputs")
         traffic.clear()
-        for mode in MODES:
+        for mode in SAMPLE_MODES:
             out = policy.sample(inputs, [0, 1], mode)
-            assert out["actions"].device.type == "cpu" and out["video_latents"].device == CUDA, mode
+            assert out.actions.device.type == "cpu" and out.video_latents.device == CUDA, mode
             if mode in VIDEO_MODES:
-                assert policy.encoders.decode_video(out["video_latents"]).device == CUDA
+                assert policy.encoders.decode_video(out.video_latents).device == CUDA
         traffic.check(downloads=INFER_DOWNLOADS, uploads=INFER_UPLOADS)
-        assert len(traffic.downloads) == len(MODES)  # one action chunk per mode, nothing else
+        assert len(traffic.downloads) == len(SAMPLE_MODES)  # one action chunk per mode, nothing else
 
 
 def test_ema_update_and_swap_stay_on_the_gpu(tiny_cfg, fake_cuda_guard):
@@ -469,7 +469,7 @@ def test_ema_update_and_swap_stay_on_the_gpu(tiny_cfg, fake_cuda_guard):
         engine.ema.update(2)
         with engine.ema_swapped_in():
             out = model.sample(inputs, "policy")
-        assert out["actions"].device == CUDA
+        assert out.actions.device == CUDA
         assert engine.ema.updates == 2
         traffic.check()
     assert_on_cuda({str(i): t for i, t in enumerate(engine.ema.shadow)}, "the EMA")

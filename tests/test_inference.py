@@ -121,7 +121,7 @@ def test_evaluate_reports_match_the_predictions_and_are_deterministic(tiny_check
     batch = collate([dataset.load(w) for w in windows])
     seeds = [sample_seed(0, dataset.episodes[i], c) for i, c in windows]
     policy = Policy(loaded)
-    pred = policy.sample(policy.encoders.encode(batch), seeds, "policy", 2)["actions"].numpy()
+    pred = policy.sample(policy.encoders.encode(batch), seeds, "policy", 2).actions.numpy()
     true = loaded.stats.unnormalize_action(batch.actions).numpy()
     assert a["modes"]["policy"]["actions"]["mse"] == pytest.approx(((pred - true) ** 2).mean(), rel=1e-5)
     ep = dataset.episodes[0]

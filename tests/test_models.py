@@ -12,7 +12,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from models import ModelLoadError, build_world_model  # noqa: E402
-from models.flow import MODES, sample_noise_levels, shift_noise_levels  # noqa: E402
+from models.flow import SAMPLE_MODES, sample_noise_levels, shift_noise_levels  # noqa: E402
 from models.config import TimeDistributionConfig  # noqa: E402
 from recipe.config import load_config  # noqa: E402
 from utils.batch import DataBatch  # noqa: E402
@@ -45,16 +45,17 @@ def test_tiny_shapes_and_weighted_loss(tiny):
     assert float(inputs.text_embeds[~inputs.text_mask].abs().sum()) == 0.0
     again, _ = encoders.encode_text(["open the drawer"])
     assert torch.equal(again[0], inputs.text_embeds[1])
-    out = {k: v.detach() for k, v in model(inputs, generator=torch.Generator().manual_seed(1)).items()}
-    assert out["loss"].dim() == 0 and math.isfinite(out["loss"].item())
-    assert float(out["loss"]) == pytest.approx(float(out["video_loss"] + out["action_loss"]), rel=1e-6)
+    out = model(inputs, generator=torch.Generator().manual_seed(1))
+    loss = out.loss.detach()
+    assert loss.dim() == 0 and math.isfinite(loss.item())
+    assert float(loss) == pytest.approx(float(out.video_loss + out.action_loss), rel=1e-6)
     # the model section's loss weights are applied
     model.settings.loss_weights.video_loss_weight, model.settings.loss_weights.action_loss_weight = 2.0, 0.5
     try:
-            out2 = model(inputs, generator=torch.Generator().manual_seed(1))["loss"].detach()
+            out2 = model(inputs, generator=torch.Generator().manual_seed(1)).loss.detach()
     finally:
         model.settings.loss_weights.video_loss_weight, model.settings.loss_weights.action_loss_weight = 1.0, 1.0
-    assert float(out2) == pytest.approx(2 * float(out["video_loss"]) + 0.5 * float(out["action_loss"]),
+    assert float(out2) == pytest.approx(2 * float(out.video_loss) + 0.5 * float(out.action_loss),
                                                 rel=1e-6)
     pixels = encoders.decode_video(inputs.video_latents)
     assert pixels.shape == (2, 5, 3, 64, 64) and float(pixels.abs().max()) <= 1.0
@@ -83,13 +84,13 @@ def test_first_latent_frame_is_clean_and_carries_no_loss(tiny, monkeypatch):
 
     monkeypatch.setattr(model, "velocity", garbage_frame0)
     out2 = model(inputs, generator=torch.Generator().manual_seed(2))
-    assert float(out2["video_loss"]) == pytest.approx(float(out["video_loss"]), rel=1e-6)
+    assert float(out2.video_loss) == pytest.approx(float(out.video_loss), rel=1e-6)
 
 
 def test_gradients_reach_every_trainable_parameter_and_no_frozen_one(tiny):
     model, encoders, inputs = tiny
     model.zero_grad(set_to_none=True)
-    model(inputs, generator=torch.Generator().manual_seed(3))["loss"].backward()
+    model(inputs, generator=torch.Generator().manual_seed(3)).loss.backward()
     assert [n for n, p in model.named_parameters() if p.grad is None] == []
     zero = sorted(n for n, p in model.named_parameters() if float(p.grad.abs().sum()) == 0)
     # only what no later layer reads: the last understanding block's query side, output and FFN
@@ -136,33 +137,33 @@ def test_training_really_uses_time_distribution(tiny):
         out = model(inputs, generator=torch.Generator().manual_seed(4))
     finally:
         td.min_t, td.max_t = old
-    assert float(out["noise_level_video"]) == pytest.approx(0.3) and float(out["noise_level_action"]) == pytest.approx(0.3)
+    assert float(out.noise_level_video) == pytest.approx(0.3) and float(out.noise_level_action) == pytest.approx(0.3)
 
 
 def test_inference_modes_respect_their_conditioning(tiny):
     model, _, inputs = tiny
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
-    out = {m: model.sample(inputs, m, num_steps=2, generator=gen()) for m in MODES}
+    out = {m: model.sample(inputs, m, num_steps=2, generator=gen()) for m in SAMPLE_MODES}
     for m, o in out.items():
-        assert o["video_latents"].shape == inputs.video_latents.shape and o["actions"].shape == (2, 8, 4), m
-        assert torch.equal(o["video_latents"][:, :, 0], inputs.video_latents[:, :, 0]), m
-        assert torch.isfinite(o["actions"]).all() and torch.isfinite(o["video_latents"]).all(), m
-    assert out["policy"]["video_latents"] is inputs.video_latents
-    assert out["inverse_dynamics"]["video_latents"] is inputs.video_latents
-    assert torch.equal(out["forward_dynamics"]["actions"], inputs.actions)
-    assert out["video"]["actions"] is inputs.actions
-    assert not torch.equal(out["joint"]["video_latents"][:, :, 1:], inputs.video_latents[:, :, 1:])
+        assert o.video_latents.shape == inputs.video_latents.shape and o.actions.shape == (2, 8, 4), m
+        assert torch.equal(o.video_latents[:, :, 0], inputs.video_latents[:, :, 0]), m
+        assert torch.isfinite(o.actions).all() and torch.isfinite(o.video_latents).all(), m
+    assert out["policy"].video_latents is inputs.video_latents
+    assert out["inverse_dynamics"].video_latents is inputs.video_latents
+    assert torch.equal(out["forward_dynamics"].actions, inputs.actions)
+    assert out["video"].actions is inputs.actions
+    assert not torch.equal(out["joint"].video_latents[:, :, 1:], inputs.video_latents[:, :, 1:])
     # policy integrates the future video out: changing it does not change the actions...
     changed = inputs.replace(video_latents=inputs.video_latents.clone())
     changed.video_latents[:, :, 1:] += 1.0
-    assert torch.equal(model.sample(changed, "policy", 2, gen())["actions"], out["policy"]["actions"])
+    assert torch.equal(model.sample(changed, "policy", 2, gen()).actions, out["policy"].actions)
     # ...while inverse dynamics reads it
-    assert not torch.equal(model.sample(changed, "inverse_dynamics", 2, gen())["actions"],
-                           out["inverse_dynamics"]["actions"])
+    assert not torch.equal(model.sample(changed, "inverse_dynamics", 2, gen()).actions,
+                           out["inverse_dynamics"].actions)
     # forward dynamics reads the given actions
     moved = inputs.replace(actions=inputs.actions + 1.0)
-    assert not torch.equal(model.sample(moved, "forward_dynamics", 2, gen())["video_latents"],
-                           out["forward_dynamics"]["video_latents"])
+    assert not torch.equal(model.sample(moved, "forward_dynamics", 2, gen()).video_latents,
+                           out["forward_dynamics"].video_latents)
     with pytest.raises(ValueError, match="expected one of"):
         model.sample(inputs, "dream")
 
@@ -181,8 +182,8 @@ def test_save_load_round_trip_is_exact(tiny, tmp_path, shard_bytes):
     loaded = WorldModel.from_pretrained(tmp_path)
     a, b = model.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    la = model(inputs, generator=torch.Generator().manual_seed(6))["loss"].detach()
-    lb = loaded(inputs, generator=torch.Generator().manual_seed(6))["loss"].detach()
+    la = model(inputs, generator=torch.Generator().manual_seed(6)).loss.detach()
+    lb = loaded(inputs, generator=torch.Generator().manual_seed(6)).loss.detach()
     assert la.item() == lb.item()
 
 
@@ -195,19 +196,19 @@ def test_precision_and_checkpointing_switches(tiny_yaml, tiny):
     assert dtypes["video.blocks.0.scale_shift_table"] == torch.float32
     assert dtypes["action_expert.time_embedder.0.weight"] == torch.float32
     out = model(inputs, generator=torch.Generator().manual_seed(7))
-    out["loss"].backward()
-    assert math.isfinite(out["loss"].detach().item()) and model.video.proj_out.weight.grad is not None
+    out.loss.backward()
+    assert math.isfinite(out.loss.detach().item()) and model.video.proj_out.weight.grad is not None
     # gradient checkpointing recomputes, it does not change the numbers
     cfg = load_config(tiny_yaml)
     torch.manual_seed(0)
     plain, _ = build_world_model(cfg)
-    plain_loss = plain(inputs, generator=torch.Generator().manual_seed(8))["loss"]
+    plain_loss = plain(inputs, generator=torch.Generator().manual_seed(8)).loss
     plain_loss.backward()
     plain_loss = plain_loss.detach()
     plain.gradient_checkpointing = True
     ckpt_grads = {n: p.grad.clone() for n, p in plain.named_parameters()}
     plain.zero_grad(set_to_none=True)
-    ckpt_loss = plain(inputs, generator=torch.Generator().manual_seed(8))["loss"]
+    ckpt_loss = plain(inputs, generator=torch.Generator().manual_seed(8)).loss
     ckpt_loss.backward()
     assert ckpt_loss.detach().item() == plain_loss.item()
     assert all(torch.allclose(p.grad, ckpt_grads[n], atol=1e-6) for n, p in plain.named_parameters())
@@ -310,8 +311,8 @@ def test_prediction_figures(tiny):
     model, encoders, inputs = tiny
     pred = model.sample(inputs, "joint", num_steps=1, generator=torch.Generator().manual_seed(9))
     video = encoders.decode_video(inputs.video_latents)
-    grid, fig = prediction_figures(video, encoders.decode_video(pred["video_latents"]), inputs.actions,
-                                   pred["actions"])
+    grid, fig = prediction_figures(video, encoders.decode_video(pred.video_latents), inputs.actions,
+                                   pred.actions)
     assert grid.shape == (3, 4 * 64, 5 * 64) and 0 <= float(grid.min()) and float(grid.max()) <= 1
     assert torch.equal(grid[:, :64], (video[0].permute(1, 2, 0, 3).reshape(3, 64, 5 * 64) + 1) / 2)
     assert len(fig.axes) == 4
@@ -328,12 +329,12 @@ def test_noise_seeds_make_losses_independent_of_batch_layout(tiny):
         part = inputs.replace(**{k: v[i:i + 1] for k, v in inputs.tensors().items()})
         halves.append(model(part.replace(noise_seeds=seeds[i:i + 1])))
     for key in ("video_loss", "action_loss"):
-        split = (halves[0][key] + halves[1][key]) / 2
-        assert float(whole[key]) == pytest.approx(float(split), rel=1e-5)
+        split = (getattr(halves[0], key) + getattr(halves[1], key)) / 2
+        assert float(getattr(whole, key)) == pytest.approx(float(split), rel=1e-5)
     again = model(inputs.replace(noise_seeds=seeds))
-    assert float(again["loss"].detach()) == float(whole["loss"].detach())
+    assert float(again.loss.detach()) == float(whole.loss.detach())
     other = model(inputs.replace(noise_seeds=seeds + 100))
-    assert float(other["loss"].detach()) != float(whole["loss"].detach())
+    assert float(other.loss.detach()) != float(whole.loss.detach())
 
 
 def test_training_from_a_latent_cache_builds_only_the_vae(tiny_yaml, tiny, tmp_path, caplog):

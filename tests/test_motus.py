@@ -94,8 +94,8 @@ def test_joint_euler_sampling_matches_motus(model, io):
     assert torch.equal(torch.randn(data["x_action"].shape, generator=g), data["euler_actions0"])
     x = inputs(data).replace(video_latents=data["x_video"][:, :, :1])
     out = model.sample(x, "joint", num_steps=steps, generator=torch.Generator().manual_seed(seed))
-    assert_close(out["video_latents"], data["euler_video"], "sampled video latents")
-    assert_close(out["actions"], data["euler_actions"], "sampled actions")
+    assert_close(out.video_latents, data["euler_video"], "sampled video latents")
+    assert_close(out.actions, data["euler_actions"], "sampled actions")
 
 
 def test_position_table_is_motus_and_loaded_one_wins(model):
@@ -211,7 +211,7 @@ def test_motus_video_loss_is_t_minus_1_over_t_of_ours(model, io):
     data, _ = io
     batch = inputs(data).replace(actions=data["x_action"], noise_seeds=torch.tensor([3, 4]))
     with torch.no_grad():
-        ours = model(batch)["video_loss"]
+        ours = model(batch).video_loss
         from models.flow import _draw_noise_per_sample, add_noise
         s_v, s_a, eps_v, eps_a = _draw_noise_per_sample(data["x_video"], data["x_action"],
                                                         model.settings.time_distribution, batch.noise_seeds)

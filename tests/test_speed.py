@@ -61,8 +61,8 @@ def test_compiled_layer_matches_eager_and_is_one_graph_for_every_layer(compile_d
     def losses_and_grads():
         model.zero_grad(set_to_none=True)
         out = model(inputs)
-        out["loss"].backward()
-        return ({k: out[k].detach() for k in ("loss", "video_loss", "action_loss")},
+        out.loss.backward()
+        return (out.logged(),
                 {n: p.grad.clone() for n, p in model.named_parameters()})
 
     eager_losses, eager_grads = losses_and_grads()

@@ -9,7 +9,7 @@ from checkpoint.files import DDP_MODEL_FILE, DDP_OPTIMIZER_FILE
 from checkpoint.zero import optimizer_state_by_name, save_plain_layout
 from train.engine import Engine, poison_nonfinite
 from utils import dist
-from utils.batch import ModelBatch
+from utils.batch import FlowLosses, ModelBatch
 
 
 class DDPEngine(Engine):
@@ -21,11 +21,11 @@ class DDPEngine(Engine):
         self.base_optimizer = optimizer
         self.ema = self.whole_parameter_ema(cfg.training.ema)
 
-    def micro_step(self, inputs: ModelBatch, is_last: bool) -> dict[str, torch.Tensor]:
+    def micro_step(self, inputs: ModelBatch, is_last: bool) -> FlowLosses:
         sync = contextlib.nullcontext() if is_last else self.accelerator.no_sync(self.model)
         with sync:
             out = self.model(inputs)
-            self.accelerator.backward(poison_nonfinite(out["loss"]) / self.grad_accum)
+            self.accelerator.backward(poison_nonfinite(out.loss) / self.grad_accum)
         return out
 
     def _apply_update(self) -> tuple[Any, bool]:

@@ -12,7 +12,7 @@ from optim.deepspeed_adapter import (base_optimizer, count_skipped_step, fp32_pa
 from train.ema import EMA
 from train.engine import Engine, poison_nonfinite
 from utils import dist
-from utils.batch import ModelBatch
+from utils.batch import FlowLosses, ModelBatch
 
 
 def fp32_exempt_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -72,10 +72,10 @@ class DeepSpeedEngine(Engine):
         else:
             self.ema = self.whole_parameter_ema(cfg.training.ema)
 
-    def micro_step(self, inputs: ModelBatch, is_last: bool) -> dict[str, torch.Tensor]:
+    def micro_step(self, inputs: ModelBatch, is_last: bool) -> FlowLosses:
         self.ds.set_gradient_accumulation_boundary(is_last)
         out = self.model(inputs)
-        self.ds.backward(poison_nonfinite(out["loss"]))  # DeepSpeed divides by gradient_accumulation_steps
+        self.ds.backward(poison_nonfinite(out.loss))  # DeepSpeed divides by gradient_accumulation_steps
         if is_last and not self.ds.zero_optimization():
             self._check_stage0_grads()
         # a no-op except at the boundary: clip, update, zero grads; ZeRO-1/2 (and DeepSpeed's bf16

@@ -20,7 +20,7 @@ from checkpoint.zero import CheckpointConvertError
 from optim.hyperparameters import apply_group_options, group_options
 from train.ema import EMA
 from utils import dist
-from utils.batch import ModelBatch
+from utils.batch import FlowLosses, ModelBatch
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,9 @@ class Engine(ABC):
         return [(n, p) for n, p in self.unwrapped_model().named_parameters() if p.requires_grad]
 
     @abstractmethod
-    def micro_step(self, inputs: ModelBatch, is_last: bool) -> dict[str, torch.Tensor]:
-        """Forward and backward of one micro batch; gradients sync only at the last micro-step."""
+    def micro_step(self, inputs: ModelBatch, is_last: bool) -> FlowLosses:
+        """Forward and backward of one micro batch; gradients sync only at the last micro-step. Returns the
+        model's losses (their `logged()` part is what the trainer averages over micro-steps)."""
 
     def optimizer_step(self, step: int) -> tuple[Any, bool]:
         """Finish update `step` (1-based) after its last micro-step, then update the EMA. Returns (the

@@ -80,7 +80,7 @@ def policy_errors(model: Any, inputs: ModelBatch) -> dict[str, float]:
     truth = inputs.actions.float()
 
     def mse(num_steps: int | None) -> float:
-        return (model.sample(inputs, "policy", num_steps)["actions"].float() - truth).pow(2).mean().item()
+        return (model.sample(inputs, "policy", num_steps).actions.float() - truth).pow(2).mean().item()
 
     return {"policy_action_mse": mse(None), "policy_mean_action_mse": mse(1),
             "constant_action_mse": truth.pow(2).mean().item()}
@@ -96,9 +96,9 @@ def prediction_pictures(model: Any, encoders: "FrozenEncoders", batch: DataBatch
     joint = model.sample(inputs, "joint")
     true_frames = batch.video if batch.video is not None else encoders.decode_video(inputs.video_latents)
     assert inputs.actions is not None
-    grid, fig = prediction_figures(true_frames, encoders.decode_video(joint["video_latents"]),
+    grid, fig = prediction_figures(true_frames, encoders.decode_video(joint.video_latents),
                                    stats.unnormalize_action(inputs.actions.float().cpu()),
-                                   stats.unnormalize_action(joint["actions"].float().cpu()))
+                                   stats.unnormalize_action(joint.actions.float().cpu()))
     return {"val/frames_true_vs_predicted": grid}, {"val/actions_true_vs_predicted": fig}
 
 
@@ -124,7 +124,7 @@ def validate(engine: Engine, encoders: "FrozenEncoders", loader: Iterable[DataBa
             inputs = encoders.encode(on_device).replace(  # the same noise every time
                 noise_seeds=noise_seeds(cfg.training.seed, 0, on_device))
             out = engine.model(inputs)
-            values = {k: out[k].float().item() for k in ("loss", "video_loss", "action_loss")}
+            values = {k: v.float().item() for k, v in out.logged().items()}
             values.update(policy_errors(model, inputs))
             for k, v in values.items():
                 sums[k] = sums.get(k, 0.0) + v

@@ -266,8 +266,8 @@ def train_step(t: Training, step: int) -> StepOutput:
         batch = to_device(next(t.stream), t.engine.device)
         inputs = t.encoders.encode(batch).replace(noise_seeds=noise_seeds(t.cfg.training.seed, step, batch))
         out = t.engine.micro_step(inputs, is_last=micro == ga - 1)
-        for k in ("loss", "video_loss", "action_loss"):
-            losses[k] = losses.get(k, 0.0) + out[k].detach() / ga
+        for k, v in out.logged().items():
+            losses[k] = losses.get(k, 0.0) + v / ga
     grad_norm, skipped = t.engine.optimizer_step(step)
     t.guard.after_step(step, skipped, losses, grad_norm)
     return StepOutput(losses, grad_norm, lrs)

@@ -1,6 +1,8 @@
-"""The batch contract: what the data gives (`DataBatch`) and what the world model consumes (`ModelBatch`).
+"""The batch contract: what the data gives (`DataBatch`), what the world model consumes (`ModelBatch`)
+and what it returns (`FlowLosses` from a training forward, `FlowSample` from sampling).
 
     sample dicts --data.stream.collate--> DataBatch --FrozenEncoders.encode--> ModelBatch --> WorldModel
+        WorldModel.forward -> FlowLosses; WorldModel.sample -> FlowSample
 
 Every tensor field's shape and dtype is stated once, in `SHAPES`, and checked when a batch is built
 (`__post_init__`): the rank, the dtype, one device for all, and the sizes that must agree between
@@ -14,7 +16,8 @@ so a DataBatch's encoder outputs are optional. The model needs every encoder out
 requires them; what stays optional there is optional for the model too (see ModelBatch).
 
 It lives in `utils` (the lowest layer) because both peers of layer 1 build it: `data` (the collated and
-cached batches) and `models` (the encoders, the memory model's example inputs).
+cached batches) and `models` (the encoders, the memory model's example inputs, the outputs); `train` and
+`inference` read the outputs.
 """
 import dataclasses
 from typing import Any, Mapping, Optional, Self
@@ -204,3 +207,36 @@ class ModelBatch(_Batch):
         if training:
             bound["T"] = dims.latent_frames
         self._check_shapes(bound, "the model")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowLosses:
+    """A training forward's result (WorldModel.forward, models/flow.py flow_losses): 0-dim fp32 tensors
+    on the model's device, never read back here (reading them costs a host synchronisation)."""
+    loss: torch.Tensor
+    """What backward runs on: video_loss_weight * video_loss + action_loss_weight * action_loss."""
+    video_loss: torch.Tensor
+    """Detached: the velocity MSE over the noisy latent frames (frame 0, the condition, carries none)."""
+    action_loss: torch.Tensor
+    """Detached: the velocity MSE over the action chunk."""
+    noise_level_video: torch.Tensor
+    """Detached: the batch's mean noise level s of the video stream."""
+    noise_level_action: torch.Tensor
+    """Detached: the batch's mean noise level s of the action stream."""
+
+    def logged(self) -> dict[str, torch.Tensor]:
+        """The losses the trainer averages and logs, detached, under their metrics.jsonl names."""
+        return {"loss": self.loss.detach(), "video_loss": self.video_loss.detach(),
+                "action_loss": self.action_loss.detach()}
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowSample:
+    """A sampling result (WorldModel.sample, models/flow.py euler_sample): a stream the mode does not
+    generate is the input's, as given (models/flow.py SAMPLE_MODES)."""
+    video_latents: torch.Tensor
+    """[B, z, T, h, w] normalised latents: T = latent_frames when generated; the input's as given (perhaps
+    the condition frame alone) when the mode does not generate video."""
+    actions: Optional[torch.Tensor]
+    """[B, chunk, A], normalised as the data gives them (inference/policy.Policy.sample: in robot units, on
+    the CPU); the input's when the mode does not generate actions, so None for such a mode without them."""
