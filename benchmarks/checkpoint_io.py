@@ -32,7 +32,7 @@ from checkpoint.files import DEEPSPEED_MODEL_FILE, DEEPSPEED_OPTIMIZER_FILE, ENG
 from checkpoint.manifest import digest_files  # noqa: E402
 from checkpoint.state import Registry, Shared  # noqa: E402
 from recipe.config import load_config  # noqa: E402
-from train.steps import TrainerState  # noqa: E402
+from train.trainer_state import TrainerState  # noqa: E402
 
 GB = 1e9
 

@@ -34,7 +34,7 @@ EMA_ON = ["training.ema.enabled=true", "training.ema.start_step=0", "training.em
 
 
 def _step(engine, encoders, stream, cfg, step):
-    from train.steps import noise_seeds, to_device
+    from train.step_inputs import noise_seeds, to_device
     batch = to_device(next(stream), engine.device)
     inputs = encoders.encode(batch).replace(noise_seeds=noise_seeds(cfg.training.seed, step, batch))
     engine.micro_step(inputs, is_last=True)

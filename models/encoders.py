@@ -254,7 +254,7 @@ class FrozenEncoders:
     def encode(self, batch: DataBatch) -> ModelBatch:
         """A DataBatch -> the ModelBatch on the device. Encoder outputs the batch already holds (a latent cache's
         video_latents, text_embeds, vlm_features) are used as given, and every tensor ends on the device: a
-        no-op after train/steps.to_device, the one upload for a batch built on the host (inference.evaluate's)."""
+        no-op after train/step_inputs.to_device, the one upload for a batch built on the host (inference.evaluate's)."""
         for name in OPTIONAL_PARTS:  # before any part computes
             if getattr(batch, FROZEN_OUTPUTS[name]) is None:
                 self._require(name)

@@ -157,7 +157,7 @@ class WorldModel(nn.Module):
     @staticmethod
     def _joint_mask(num_video: int, num_action: int, vlm_mask: torch.Tensor | None,
                     device: torch.device) -> torch.Tensor | None:
-        if vlm_mask is None:  # no padding (train/steps.to_device drops an all-true mask on the host, where
+        if vlm_mask is None:  # no padding (train/step_inputs.to_device drops an all-true mask on the host, where
             return None       # checking costs no GPU read-back): SDPA / flash-attn take their fastest path
         keep = torch.ones(vlm_mask.shape[0], num_video + num_action, dtype=torch.bool, device=device)
         return torch.cat([keep, vlm_mask.to(device=device, dtype=torch.bool)], dim=1)[:, None, None, :]

@@ -78,7 +78,7 @@ def trainer_parts(seed):
     """The trainer's own registry over a small DDP engine (EMA on), a stream, a schedule, the stats."""
     from data.stream import TrainStream
     from train.launch import make_engine
-    from train.steps import TrainerState
+    from train.trainer_state import TrainerState
     from train.train import checkpoint_parts
     from utils.schedule import LRSchedule
 

@@ -87,7 +87,8 @@ def _worker(rank, port):
     torch.cuda.current_device = lambda: rank  # what accelerate's set_device leaves on a 2-GPU node
     tdist.all_reduce = _nccl_like(tdist.all_reduce, seen)
     try:
-        from train.steps import make_record, TrainerState
+        from train.record import make_record
+        from train.trainer_state import TrainerState
 
         with FakeCUDA():
             assert dist.collective_device() == torch.device("cuda", rank)

@@ -74,9 +74,9 @@ def test_swap_gives_the_model_the_ema_and_restores_it_exactly():
 
 
 def test_the_loop_validates_with_the_ema_swapped_in_once_it_holds_an_average(monkeypatch):
-    """train/train.py validate_raw_and_ema: the raw weights, then `with ema.swapped_in()` (val_ema_* keys);
+    """train/validation.py validate_raw_and_ema: the raw weights, then `with engine.ema_swapped_in()` (val_ema_* keys);
     before the EMA's first update there is no average, and no second validation."""
-    from train import train as trainer
+    from train import validation as trainer
 
     model, optimizer = model_and_optimizer()
     params = [p for p in model.parameters() if p.requires_grad]

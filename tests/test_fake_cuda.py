@@ -270,7 +270,9 @@ def training_on_fake_cuda(cfg, model, encoders):
 
 def train_step(engine, encoders, batch, cfg, step, guard):
     """The body of train/train.py's loop for one update of one micro-batch, and its logging record."""
-    from train.steps import TrainerState, make_record, noise_seeds, to_device
+    from train.record import make_record
+    from train.step_inputs import noise_seeds, to_device
+    from train.trainer_state import TrainerState
 
     batch = to_device(batch, engine.device)
     inputs = encoders.encode(batch).replace(noise_seeds=noise_seeds(cfg.training.seed, step, batch))

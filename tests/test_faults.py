@@ -28,7 +28,7 @@ from checkpoint.state import Document, PerRank, RandomState, Registry, Shared
 from train.launch_checks import load_deepspeed_config
 from train.engine import poison_nonfinite
 from train.guard import NONFINITE_EXIT_CODE, SAVE_FAILED_EXIT_CODE, NonFiniteError, NonFiniteGuard
-from train.steps import TrainerState
+from train.trainer_state import TrainerState
 
 GOOD = {"weights_finite": True, "loss_finite": True}
 DIVERGED = {"weights_finite": True, "loss_finite": False}

@@ -16,7 +16,7 @@ import torch
 
 from checkpoint.checkpointer import CheckpointSaveError
 from train.engine import Engine
-from train.steps import TrainerState
+from train.trainer_state import TrainerState
 from utils import dist
 
 log = logging.getLogger("train")

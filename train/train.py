@@ -35,7 +35,10 @@ from train.preemption import REQUEUE_EXIT_CODE, PreemptionFlag  # noqa: E402
 from train.resume_policy import Edits, check as check_edits  # noqa: E402
 from train.run_dir import choose_run_dir  # noqa: E402
 from train import speed  # noqa: E402
-from train.steps import TrainerState, make_record, noise_seeds, seed_everything, to_device, validate  # noqa: E402
+from train.record import make_record  # noqa: E402
+from train.step_inputs import noise_seeds, seed_everything, to_device  # noqa: E402
+from train.trainer_state import TrainerState  # noqa: E402
+from train.validation import validate_raw_and_ema  # noqa: E402
 from utils import dist  # noqa: E402
 from utils.config import ConfigError, quote  # noqa: E402
 from utils.metrics import Metrics, quiet_library_bars  # noqa: E402
@@ -137,18 +140,6 @@ def restore(checkpointer: Checkpointer, path: str, state: TrainerState, cfg: Dic
     if cfg.finetune.checkpoint_path:
         log.info("resume: finetune.checkpoint_path %s is not read: a resumed run keeps its own weights",
                  cfg.finetune.checkpoint_path)
-
-
-def validate_raw_and_ema(engine: Engine, encoders: "FrozenEncoders", val_loader: "ValLoader", cfg: DictConfig,
-                         stats: "NormStats") -> tuple[dict[str, float], Any]:
-    """Validation losses and pictures; with training.ema, the same validation with the EMA weights
-    (val_ema_* keys) once the EMA holds an average."""
-    val, pictures = validate(engine, encoders, val_loader, cfg, stats)
-    if engine.ema is not None and engine.ema.updates:
-        with engine.ema_swapped_in():
-            ema_val, _ = validate(engine, encoders, val_loader, cfg, stats)
-        val.update({f"ema_{k}": v for k, v in ema_val.items()})
-    return val, pictures
 
 
 def print_summary(run_dir: str, cfg: DictConfig, step: int) -> None:

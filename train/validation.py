@@ -1,74 +1,20 @@
-"""Pieces of the training loop that are not the loop itself."""
-import random
-from collections.abc import Iterable, Mapping, Sequence
+"""Validation on held-out episodes: losses, policy errors against the constant baseline, and prediction
+pictures, with the raw weights and (training.ema) the EMA's."""
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
-from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 
 from train.engine import Engine
+from train.step_inputs import noise_seeds, to_device
 from utils import dist
-from utils.batch import BatchError, DataBatch, ModelBatch
+from utils.batch import DataBatch, ModelBatch
 
 if TYPE_CHECKING:
     from data.normalize import NormStats
+    from data.stream import ValLoader
     from models.encoders import FrozenEncoders
-
-
-@dataclass
-class TrainerState:
-    step: int = 0
-    """Optimizer updates taken."""
-    samples_seen: int = 0
-    skipped_nonfinite_steps: int = 0
-    """Steps whose update was skipped: a non-finite loss or gradient norm on some rank (train/guard.py)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.step, self.samples_seen = int(sd["step"]), int(sd["samples_seen"])
-        self.skipped_nonfinite_steps = int(sd["skipped_nonfinite_steps"])
-
-
-def seed_everything(seed: int, rank: int) -> None:
-    random.seed(seed + rank)
-    np.random.seed(seed + rank)
-    torch.manual_seed(seed + rank)
-
-
-def noise_seeds(seed: int, step: int, batch: DataBatch) -> torch.Tensor:
-    """One noise seed per sample (ModelBatch.noise_seeds, int64 [B]) from (seed, step, episode, frame): the
-    noise a sample gets is the same whatever the number of processes and after a resume. Computed where the
-    batch's indices are (on the GPU after `to_device`), so drawing the noise needs no host round trip."""
-    if batch.episode_index is None or batch.frame_index is None:
-        raise BatchError("noise_seeds needs DataBatch.episode_index and frame_index (a batch of the data)")
-    return (seed * 1_000_003 + step) * 1_000_000_007 + batch.episode_index * 1_000_003 + batch.frame_index
-
-
-def make_record(*, step: int, loss_sum: Mapping[str, float | torch.Tensor], grad_norm: float | torch.Tensor,
-                param_groups: Sequence[dict[str, Any]], lrs: Sequence[float], val: dict[str, float] | None,
-                state: TrainerState, samples_per_sec: float, step_time: float, skipped: int) -> dict[str, Any]:
-    """One metrics.jsonl record; the losses (device tensors) are averaged over ranks and read back here."""
-    record = {"step": step, **dist.mean_across_ranks(loss_sum),
-              "grad_norm": float(grad_norm),
-              "lr": {g.get("name", str(i)): lr for i, (g, lr) in enumerate(zip(param_groups, lrs))},
-              "samples_per_sec": samples_per_sec, "step_time": step_time, "samples_seen": state.samples_seen,
-              "skipped_samples": skipped, "skipped_nonfinite_steps": state.skipped_nonfinite_steps}
-    record.update({f"val_{k}": v for k, v in (val or {}).items()})
-    return record
-
-
-def to_device(batch: DataBatch, device: torch.device) -> DataBatch:
-    """The batch on `device` (asynchronous from the loader's pinned memory). A `vlm_mask` without
-    padding is dropped here, on the host: the model then needs no attention mask, and nothing in the
-    step reads a GPU tensor back to find that out."""
-    mask = batch.vlm_mask
-    if mask is not None and mask.device.type == "cpu" and bool(mask.all()):
-        batch = batch.replace(vlm_mask=None)
-    return batch.to(device)
 
 
 @torch.no_grad()
@@ -133,3 +79,15 @@ def validate(engine: Engine, encoders: "FrozenEncoders", loader: Iterable[DataBa
             count += 1
     engine.train()
     return dist.mean_across_ranks({k: v / max(count, 1) for k, v in sums.items()}), pictures
+
+
+def validate_raw_and_ema(engine: Engine, encoders: "FrozenEncoders", val_loader: "ValLoader", cfg: DictConfig,
+                         stats: "NormStats") -> tuple[dict[str, float], Any]:
+    """Validation losses and pictures; with training.ema, the same validation with the EMA weights
+    (val_ema_* keys) once the EMA holds an average."""
+    val, pictures = validate(engine, encoders, val_loader, cfg, stats)
+    if engine.ema is not None and engine.ema.updates:
+        with engine.ema_swapped_in():
+            ema_val, _ = validate(engine, encoders, val_loader, cfg, stats)
+        val.update({f"ema_{k}": v for k, v in ema_val.items()})
+    return val, pictures
