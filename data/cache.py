@@ -56,6 +56,8 @@ def fingerprint_parts(cfg: DictConfig, episodes: Sequence[Episode]) -> dict[str,
     }
     if d.frame_layout != "tile":  # named only when set, so caches built before the key existed stay valid
         dataset["frame_layout"] = d.frame_layout
+    if d.pad_episode_end:
+        dataset["pad_episode_end"] = True
     model = {"size": m.size, "precision": m.precision, "vae_path": absolute(m.wan.vae_path),
              "text_encoder_path": absolute(m.wan.text_encoder_path), "vlm_path": absolute(m.vlm.checkpoint_path)}
     return {"dataset": dataset, "model": model}

@@ -71,6 +71,10 @@ class DatasetConfig:
     bilinear resize) or robotwin (Motus's RoboTwin picture, data/robotwin_frame.py: head on top, the two wrists
     at half size below, OpenCV-exact resize_with_padding; 3 cameras in the order head, left wrist, right wrist,
     or 1 view Motus's converter already composed). inference.serve and the RoboTwin policy use the same."""
+    pad_episode_end: bool = False
+    """Windows also start in the last span of an episode, reading past its end as the robot holding its
+    final pose (the last frame, action and state repeated): with long chunks, the end of a demonstration
+    (the hand-over, the release) is otherwise never a condition frame."""
     cache_stride: Optional[int] = None
     """build_cache: raw frames between the condition frames of cached windows; null: the span of
     one predicted frame (video_action_freq_ratio * global_downsample_rate)."""

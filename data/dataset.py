@@ -84,8 +84,8 @@ class EpisodeDataset:
         """One sample: DataBatch's raw fields (utils/batch.py) without the batch dimension."""
         i, c = window
         ep = self.episodes[i]
-        frames = self.spec.video_indices(c)
-        actions = ep.action[self.spec.action_indices(c)]
+        frames = self.spec.clip(self.spec.video_indices(c), ep.length)
+        actions = ep.action[self.spec.clip(self.spec.action_indices(c), ep.length)]
         sample = {
             "video": self._video(ep, frames),
             "actions": torch.from_numpy(np.array(self.stats.normalize_action(actions), dtype=np.float32)),

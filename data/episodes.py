@@ -47,11 +47,14 @@ class WindowSpec:
     num_video_frames: int
     downsample: int
     ratio: int
+    pad_end: bool = False
+    """Windows read past the episode's end as its last frame held (dataset.pad_episode_end)."""
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "WindowSpec":
         c = cfg.common
-        return cls(c.num_video_frames, c.global_downsample_rate, c.video_action_freq_ratio)
+        return cls(c.num_video_frames, c.global_downsample_rate, c.video_action_freq_ratio,
+                   bool(cfg.dataset.pad_episode_end))
 
     @property
     def span(self) -> int:
@@ -59,7 +62,13 @@ class WindowSpec:
         return self.num_video_frames * self.ratio * self.downsample
 
     def num_windows(self, length: int) -> int:
-        return max(0, length - self.span)
+        """Condition frames of an episode: those whose window fits, or with pad_end every frame
+        followed by at least one action."""
+        return max(0, length - (self.downsample if self.pad_end else self.span))
+
+    def clip(self, indices: np.ndarray, length: int) -> np.ndarray:
+        """`indices` of one window with those past the episode's end held at its last frame."""
+        return np.minimum(indices, length - 1)
 
     def action_indices(self, c: int) -> np.ndarray:
         steps = self.num_video_frames * self.ratio

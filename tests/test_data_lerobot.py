@@ -84,6 +84,24 @@ def test_window_values_and_pixels(folders, version, tmp_path):
             assert np.median(err) < 0.02
 
 
+def test_windows_past_the_end_hold_the_last_frame(folders, tmp_path):
+    """dataset.pad_episode_end: every frame followed by an action is a condition frame (18 of 20 with
+    d = 2), and what a window reads past frame 19 is frame 19 (its action and picture; the state is the
+    condition frame's)."""
+    cfg = make_cfg(tmp_path, {"dataset_dir": folders["v3.0"], "pad_episode_end": True}, state_dim=8)
+    train, _, _ = build_datasets(cfg)
+    assert len(train) == 3 * 18 and train.spec.num_windows(20) == 18
+    state, action, goals = expected_episode(1)
+    for c, frames, actions in [(11, [11, 15, 19], [13, 15, 17, 19]), (17, [17, 19, 19], [19, 19, 19, 19])]:
+        sample = train.load((1, c))
+        np.testing.assert_array_equal(sample["actions"].numpy(), action[actions])
+        np.testing.assert_array_equal(sample["state"].numpy(), np.concatenate([state[c], goals[c]]))
+        video = sample["video"].numpy()
+        for j, frame in enumerate(frames):
+            want = render(state[frame], H, W, goals[frame]).astype(np.float32).transpose(2, 0, 1) / 127.5 - 1
+            assert np.abs(video[j] - want).mean() < 0.03, (c, j)
+
+
 def test_two_cameras_tiled_and_selected(tmp_path):
     root = str(tmp_path / "two_cams")
     features = {"observation.state": {"dtype": "float32", "shape": [4], "names": None},
