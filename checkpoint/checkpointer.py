@@ -26,16 +26,16 @@ from typing import Any, TypeVar, cast, overload
 import torch
 from omegaconf import DictConfig
 
-from checkpoint import disk
+from checkpoint import disk, evaluations
+from checkpoint.layout import MARKER, PREFIX, _step_of, complete_checkpoints, is_complete
 from checkpoint.manifest import (MANIFEST, CheckpointCorrupt, FileRecord, check_digests, check_format, check_sizes,
                                  digest_files, list_files, manifest_bytes, read_manifest, share)
 from checkpoint.state import PER_RANK_PATTERN, Registry
 from checkpoint.zero import shard_rank
 from utils import dist
 
-PREFIX = "checkpoint_step_"
-MARKER = "COMPLETE"
 NOT_LISTED = (MANIFEST, MARKER)
+"""The files of a checkpoint its manifest cannot list: written after it."""
 log = logging.getLogger("checkpoint")
 T = TypeVar("T")
 SaveFailure = tuple[int, int | None, str]
@@ -44,21 +44,6 @@ SaveFailure = tuple[int, int | None, str]
 
 class CheckpointSaveError(RuntimeError):
     """A save failed on some rank; raised on every rank, after the partial save was removed."""
-
-
-def _step_of(path: str) -> int | None:
-    m = re.fullmatch(PREFIX + r"(\d+)", os.path.basename(path.rstrip("/")))
-    return int(m.group(1)) if m else None
-
-
-def is_complete(path: str) -> bool:
-    return _step_of(path) is not None and os.path.isfile(os.path.join(path, MARKER))
-
-
-def complete_checkpoints(run_dir: str) -> list[str]:
-    """Complete checkpoints of a run, oldest first."""
-    found = [p for p in glob.glob(os.path.join(run_dir, PREFIX + "*")) if is_complete(p)]
-    return sorted(found, key=lambda p: _step_of(p) or 0)  # complete: every one has a step
 
 
 # --- verification --------------------------------------------------------------------------------
@@ -78,12 +63,18 @@ def read_marker(path: str) -> tuple[int | None, str]:
     raise AssertionError(f"{where}: check_format accepted a marker that names no manifest")
 
 
+def not_listed(path: str) -> list[str]:
+    """The files of checkpoint `path` its manifest does not list: NOT_LISTED and an evaluation's records,
+    written into the sealed folder later (checkpoint/evaluations.py)."""
+    return [*NOT_LISTED, *(rel for rel in list_files(path) if evaluations.added_after_save(rel))]
+
+
 def quick_check(path: str) -> tuple[dict[str, Any] | None, list[str]]:
     """(manifest or None when it cannot be read, problems) without reading the files' contents."""
     try:
         _, digest = read_marker(path)
         manifest = read_manifest(path, digest)
-        return manifest, check_sizes(path, manifest, NOT_LISTED)
+        return manifest, check_sizes(path, manifest, not_listed(path))
     except (CheckpointCorrupt, OSError, ValueError) as e:
         return None, [str(e)]
 
