@@ -6,6 +6,9 @@ import re
 
 PREFIX = "checkpoint_step_"
 MARKER = "COMPLETE"
+WHICH = ("latest", "best")
+"""What `--which` picks from a run folder: its newest verified checkpoint (the one `latest` names, unless
+damaged), or the one its `best` file names (checkpoint/evaluations.py)."""
 
 
 def _step_of(path: str) -> int | None:
