@@ -13,9 +13,11 @@ and `auto` resume ignore it, checkpoint/checkpointer.py `not_listed`):
 step), as `latest` names the newest; it is rewritten whenever a report lands or retention runs.
 """
 import contextlib
+import glob
 import json
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -152,6 +154,23 @@ def read_failure(checkpoint: str) -> str | None:
         return None
     except (OSError, ValueError, KeyError) as e:
         return f"{os.path.join(checkpoint, FAILED)} cannot be read ({e})"
+
+
+def clear_failure(checkpoint: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(checkpoint, FAILED))
+
+
+def discard_partial(checkpoint: str) -> list[str]:
+    """Remove what an evaluation that was stopped or died left in `checkpoint`: the rollout's temporary
+    `.eval.partial_*` folders, and an eval/ folder without a readable report (a new rollout needs it
+    empty). Returns what was removed."""
+    found = glob.glob(os.path.join(checkpoint, PARTIAL + "*"))
+    if os.path.isdir(os.path.join(checkpoint, EVAL_DIR)) and read_report(checkpoint) is None:
+        found.append(os.path.join(checkpoint, EVAL_DIR))
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True)
+    return found
 
 
 def best_checkpoint(run_dir: str) -> str | None:
