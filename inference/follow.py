@@ -200,7 +200,7 @@ def evaluate(checkpoint: str, ev: dict[str, Any], run_dir: str) -> bool | None:
 
 def follow(args: argparse.Namespace) -> int:
     """The passes over the run folder; the exit code (1 when an evaluation failed)."""
-    run_dir, waiting = args.run_dir, False
+    run_dir, waiting, warned = args.run_dir, False, False
     failed: set[str] = set()
     while True:
         cfg = read_config(args.run_dir)
@@ -214,6 +214,12 @@ def follow(args: argparse.Namespace) -> int:
             time.sleep(args.poll_seconds)
             continue
         ev, last_step = settings(cfg, args, run_dir), max_steps(cfg, run_dir)
+        if OmegaConf.select(cfg, "evaluation.task") and OmegaConf.select(cfg, "evaluation.runner") == "trainer" \
+                and not warned:
+            log.warning("%s sets evaluation.runner trainer: the trainer evaluates its checkpoints itself; this "
+                        "follower takes those it has not begun (a live marker keeps the two apart)",
+                        os.path.join(run_dir, CONFIG))
+            warned = True
         todo = pending(run_dir, ev, last_step, failed)
         for checkpoint in todo:
             if checkpoint in pending(run_dir, ev, last_step, failed):  # still: retention or another evaluator
