@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from checkpoint import evaluations
+from data.sim_env import TASKS
 from checkpoint.layout import _step_of, complete_checkpoints, is_complete
 
 log = logging.getLogger("follow")
@@ -78,14 +79,18 @@ def settings(cfg: DictConfig, args: argparse.Namespace, run_dir: str) -> dict[st
     section = cfg.get("evaluation")
     found = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else {}
     assert isinstance(found, dict)  # a DictConfig's container is a dict
-    ev = {key: found.get(key) for key in SETTINGS}
+    ev: dict[str, Any] = {key: found.get(key) for key in SETTINGS}
     ev.update({key: getattr(args, key) for key in SETTINGS if getattr(args, key) is not None})
     for key in ("task", "episodes"):
         if ev[key] is None:
             raise FollowError(f"{os.path.join(run_dir, CONFIG)} sets no evaluation.{key}: pass "
                               f"--{key.replace('_', '-')}")
-    if ev["interval"] is not None and ev["interval"] < 0:
-        raise FollowError(f"--interval / evaluation.interval must be >= 0 (0: every checkpoint), got {ev['interval']}")
+    if ev["task"] not in TASKS:
+        raise FollowError(f"evaluation.task / --task {ev['task']!r}: expected one of {', '.join(sorted(TASKS))}")
+    for key, least in (("episodes", 1), ("workers", 1), ("videos", 0), ("replan", 1), ("episode_steps", 1),
+                       ("interval", 0)):
+        if ev[key] is not None and ev[key] < least:
+            raise FollowError(f"evaluation.{key} / --{key.replace('_', '-')} must be at least {least}, got {ev[key]}")
     return ev
 
 
@@ -156,8 +161,8 @@ class Rollout:
 
 
 def evaluate(checkpoint: str, ev: dict[str, Any], run_dir: str) -> bool | None:
-    """Evaluate one checkpoint -> True (a report), False (failed, recorded) or None (deleted, or
-    marked by someone else, meanwhile: skipped)."""
+    """Evaluate one checkpoint -> True (a report), False (failed, recorded) or None (deleted meanwhile:
+    skipped)."""
     try:
         evaluations.begin_evaluation(checkpoint, evaluations.default_owner())
     except FileNotFoundError:
@@ -201,6 +206,8 @@ def evaluate(checkpoint: str, ev: dict[str, Any], run_dir: str) -> bool | None:
 def follow(args: argparse.Namespace) -> int:
     """The passes over the run folder; the exit code (1 when an evaluation failed)."""
     run_dir, waiting, warned = args.run_dir, False, False
+    if not args.poll_seconds > 0:
+        raise FollowError(f"--poll-seconds must be positive, got {args.poll_seconds}")
     failed: set[str] = set()
     while True:
         cfg = read_config(args.run_dir)

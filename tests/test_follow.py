@@ -7,6 +7,7 @@ The trainer is checkpoint.checkpointer's real save and retention on small plante
 tests/fake_follow.py's stand-in, but for the last test, which runs the real one (one short episode)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,6 +119,25 @@ def test_a_failed_rollout_is_recorded_and_the_follower_goes_on(tmp_path):
     # a run without an evaluation task: one message naming the file and the flag
     code, out = finish(start_follower(run, events, plan, "--once"))
     assert code == 1 and f"follow failed: {run}/config.yaml sets no evaluation.task: pass --task" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--task", "cube", "--episodes", "2"], "evaluation.task / --task 'cube': expected one of insertion, pusht, "
+                                            "transfer_cube"),
+    (["--task", "pusht", "--episodes", "0"], "evaluation.episodes / --episodes must be at least 1, got 0"),
+    (["--task", "pusht", "--episodes", "1", "--episode-steps", "0"],
+     "evaluation.episode_steps / --episode-steps must be at least 1, got 0"),
+    (["--task", "pusht", "--episodes", "1", "--poll-seconds", "0"], "--poll-seconds must be positive, got 0.0"),
+])
+def test_bad_settings_are_one_error_before_anything_runs(tmp_path, flags, message):
+    from inference.follow import FollowError, follow, parse_args
+
+    run_config(tmp_path, max_steps=2, evaluation=None)
+    save(saver(tmp_path), 2)
+    with pytest.raises(FollowError, match=re.escape(message)):
+        follow(parse_args([str(tmp_path), "--once", *flags]))
+    assert sorted(os.listdir(os.path.join(tmp_path, "checkpoint_step_2"))) == sorted(
+        ["COMPLETE", "MANIFEST.json", "config.yaml", "trainer_state.json"])  # nothing marked or written
 
 
 @pytest.fixture(scope="module")
