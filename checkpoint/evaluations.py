@@ -63,7 +63,7 @@ def read_report(checkpoint: str) -> dict[str, Any] | None:
     except (OSError, ValueError) as e:
         log.warning("%s cannot be read (%s): the checkpoint counts as unevaluated", path, e)
         return None
-    if policy_success(report) is None:
+    if not isinstance(report, dict) or policy_success(report) is None:
         log.warning("%s has no results.policy.success_rate (not an inference.rollout report): the checkpoint "
                     "counts as unevaluated", path)
         return None
@@ -72,8 +72,10 @@ def read_report(checkpoint: str) -> dict[str, Any] | None:
 
 def policy_success(report: Mapping[str, Any]) -> float | None:
     """results.policy.success_rate of a rollout report, or None when it has none."""
-    rate = report.get("results", {}).get("policy", {}).get("success_rate")
-    return float(rate) if isinstance(rate, (int, float)) else None
+    results = report.get("results")
+    policy = results.get("policy") if isinstance(results, dict) else None
+    rate = policy.get("success_rate") if isinstance(policy, dict) else None
+    return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None
 
 
 def rollout_command(checkpoint: str, evaluation: Mapping[str, Any], python: str) -> list[str]:

@@ -95,6 +95,12 @@ def test_best_is_the_highest_success_the_later_on_a_tie(tmp_path):
     open(ev.report_path(paths[4]), "w").write("{not json")
     with open(ev.report_path(paths[3]), "w") as f:
         json.dump({"results": {"hold": {"success_rate": 1.0}}}, f)
+    for odd in ([], {"results": []}, {"results": {"policy": {"success_rate": "0.9"}}}):
+        with open(ev.report_path(paths[1]) + ".odd", "w") as f:
+            json.dump(odd, f)
+        os.replace(ev.report_path(paths[1]) + ".odd", ev.report_path(paths[1]))
+        assert ev.read_report(paths[1]) is None
+    plant_report(paths[1], 0.75)
     interrupted = tmp_path / "checkpoint_step_9"
     interrupted.mkdir()
     plant_report(str(interrupted), 1.0)
