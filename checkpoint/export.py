@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from models.serialization import CONFIG_NAME, DEFAULT_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, ModelLoadError
 from checkpoint.checkpointer import resolve_which
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, read_weights
-from checkpoint.layout import WHICH
+from checkpoint.layout import PREFIX, WHICH, _step_of
 from checkpoint.manifest import CheckpointCorrupt
 
 log = logging.getLogger(__name__)
@@ -118,11 +118,14 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str, max_shard_bytes: int = 
 
 
 def source_checkpoint(path: str, which: str | None) -> str:
-    """The checkpoint_step_N folder to export: `path` itself when it holds a config.yaml and no `which` is
-    asked for (read as it is, as before run folders were accepted); else what `which` (default latest)
-    picks from the run folder `path` (checkpoint.checkpointer.resolve_which), verified."""
-    if which is None and os.path.isfile(os.path.join(path, CONFIG_YAML)):
+    """The checkpoint_step_N folder to export: `path` itself when it is one (or holds a config.yaml) and no
+    `which` is asked for (read as it is, as before run folders were accepted); else what `which` (default
+    latest) picks from the run folder `path` (checkpoint.checkpointer.resolve_which), verified."""
+    if which is None and (_step_of(path) is not None or os.path.isfile(os.path.join(path, CONFIG_YAML))):
         return path
+    if _step_of(path) is None and not glob.glob(os.path.join(path, PREFIX + "*")):
+        raise ExportError(f"'{path}' has no {CONFIG_YAML}: expected a {PREFIX}N folder written by train/train.py, "
+                          "or a run folder holding them")
     try:
         return resolve_which(path, which or "latest", key="checkpoint_dir")
     except (FileNotFoundError, CheckpointCorrupt) as e:

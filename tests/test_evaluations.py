@@ -218,6 +218,9 @@ def test_which_best_resolves_the_best_file_and_says_when_there_is_none(tmp_path)
     assert resolve_checkpoint(run, "best") == first and resolve_checkpoint(run) == third
     assert source_checkpoint(run, "best") == first and source_checkpoint(run, None) == third
     assert source_checkpoint(second, None) == second  # a checkpoint folder is read as it is
+    with pytest.raises(ExportError, match=re.escape(f"'{tmp_path / 'eval'}' has no config.yaml: expected a "
+                                                    "checkpoint_step_N folder written by train/train.py, or a run")):
+        source_checkpoint(str(tmp_path / "eval"), None)
     assert ck.resolve_which(run, "best", "--checkpoint") == first
     with pytest.raises(FileNotFoundError, match=re.escape(f"--which best picks a checkpoint of a run folder, and "
                                                           f"--checkpoint '{second}' is a checkpoint folder")):
