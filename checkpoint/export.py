@@ -1,5 +1,8 @@
 """Export a training checkpoint as a model folder: `python -m checkpoint.export <checkpoint_dir> <out_dir>`.
 
+`checkpoint_dir` is a checkpoint_step_N folder, or a run folder: its newest verified checkpoint, or with
+`--which best` the one with the highest closed-loop success (the run's `best` file, checkpoint/evaluations.py).
+
 Writes what `WorldModel.from_pretrained(out_dir)` and `finetune.checkpoint_path: out_dir` read:
 - `config.json`: the model's architecture spec (as `WorldModel.save_pretrained` writes it,
   rebuilt from the checkpoint's `config.yaml`) plus the `common` section (action and state
@@ -12,6 +15,7 @@ The weights are the module's as saved (fp32, or the bf16 copy of a bf16_mixed ru
 dtype; config.json's "weights" says which set the folder holds.
 """
 import argparse
+import glob
 import logging
 import os
 import shutil
@@ -20,8 +24,11 @@ from typing import Sequence
 
 from omegaconf import OmegaConf
 
+from checkpoint.checkpointer import resolve_which
 from checkpoint.files import CONFIG_YAML
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, read_weights
+from checkpoint.layout import PREFIX, WHICH, _step_of
+from checkpoint.manifest import CheckpointCorrupt
 from models.folder import NORM_STATS, ExportError, check_out_dir, model_spec_from_config, parse_size
 from models.serialization import DEFAULT_SHARD_BYTES, ModelLoadError
 
@@ -66,9 +73,27 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str, max_shard_bytes: int = 
     return out_dir
 
 
+def source_checkpoint(path: str, which: str | None) -> str:
+    """The checkpoint_step_N folder to export: `path` itself when it is one (or holds a config.yaml) and no
+    `which` is asked for (read as it is, as before run folders were accepted); else what `which` (default
+    latest) picks from the run folder `path` (checkpoint.checkpointer.resolve_which), verified."""
+    if which is None and (_step_of(path) is not None or os.path.isfile(os.path.join(path, CONFIG_YAML))):
+        return path
+    if _step_of(path) is None and not glob.glob(os.path.join(path, PREFIX + "*")):
+        raise ExportError(f"'{path}' has no {CONFIG_YAML}: expected a {PREFIX}N folder written by train/train.py, "
+                          "or a run folder holding them")
+    try:
+        return resolve_which(path, which or "latest", key="checkpoint_dir")
+    except (FileNotFoundError, CheckpointCorrupt) as e:
+        raise ExportError(str(e)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint_dir", help="a checkpoint_step_N folder")
+    parser.add_argument("checkpoint_dir", help="a checkpoint_step_N folder, or a run folder (see --which)")
+    parser.add_argument("--which", choices=WHICH, default=None,
+                        help="with a run folder: its newest verified checkpoint (latest, default) or the one with "
+                             "the highest closed-loop success (best: the run's `best` file)")
     parser.add_argument("out_dir", help="the export folder (must be empty unless --overwrite)")
     parser.add_argument("--max-shard-size", default=f"{DEFAULT_SHARD_BYTES // 2 ** 30}GiB",
                         help="largest safetensors file before sharding, e.g. 5GB, 500MB, 2GiB (default 5GiB)")
@@ -78,11 +103,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        out = export_checkpoint(args.checkpoint_dir, args.out_dir, parse_size(args.max_shard_size),
-                                args.overwrite, args.weights)
+        source = source_checkpoint(args.checkpoint_dir, args.which)
+        out = export_checkpoint(source, args.out_dir, parse_size(args.max_shard_size), args.overwrite, args.weights)
     except (ExportError, FinetuneError, ModelLoadError) as e:
         sys.exit(f"export failed: {e}")
-    print(f"exported the {args.weights} weights of {args.checkpoint_dir} -> {out} "
+    print(f"exported the {args.weights} weights of {source} -> {out} "
           f"({', '.join(sorted(os.listdir(out)))})")
 
 
