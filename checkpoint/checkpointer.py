@@ -26,16 +26,16 @@ from typing import Any, TypeVar, cast, overload
 import torch
 from omegaconf import DictConfig
 
-from checkpoint import disk
+from checkpoint import disk, evaluations
+from checkpoint.layout import MARKER, PREFIX, WHICH, _step_of, complete_checkpoints, is_complete
 from checkpoint.manifest import (MANIFEST, CheckpointCorrupt, FileRecord, check_digests, check_format, check_sizes,
                                  digest_files, list_files, manifest_bytes, read_manifest, share)
 from checkpoint.state import PER_RANK_PATTERN, Registry
 from checkpoint.zero import shard_rank
 from utils import dist
 
-PREFIX = "checkpoint_step_"
-MARKER = "COMPLETE"
 NOT_LISTED = (MANIFEST, MARKER)
+"""The files of a checkpoint its manifest cannot list: written after it."""
 log = logging.getLogger("checkpoint")
 T = TypeVar("T")
 SaveFailure = tuple[int, int | None, str]
@@ -44,21 +44,6 @@ SaveFailure = tuple[int, int | None, str]
 
 class CheckpointSaveError(RuntimeError):
     """A save failed on some rank; raised on every rank, after the partial save was removed."""
-
-
-def _step_of(path: str) -> int | None:
-    m = re.fullmatch(PREFIX + r"(\d+)", os.path.basename(path.rstrip("/")))
-    return int(m.group(1)) if m else None
-
-
-def is_complete(path: str) -> bool:
-    return _step_of(path) is not None and os.path.isfile(os.path.join(path, MARKER))
-
-
-def complete_checkpoints(run_dir: str) -> list[str]:
-    """Complete checkpoints of a run, oldest first."""
-    found = [p for p in glob.glob(os.path.join(run_dir, PREFIX + "*")) if is_complete(p)]
-    return sorted(found, key=lambda p: _step_of(p) or 0)  # complete: every one has a step
 
 
 # --- verification --------------------------------------------------------------------------------
@@ -78,12 +63,18 @@ def read_marker(path: str) -> tuple[int | None, str]:
     raise AssertionError(f"{where}: check_format accepted a marker that names no manifest")
 
 
+def not_listed(path: str) -> list[str]:
+    """The files of checkpoint `path` its manifest does not list: NOT_LISTED and an evaluation's records,
+    written into the sealed folder later (checkpoint/evaluations.py)."""
+    return [*NOT_LISTED, *(rel for rel in list_files(path) if evaluations.added_after_save(rel))]
+
+
 def quick_check(path: str) -> tuple[dict[str, Any] | None, list[str]]:
     """(manifest or None when it cannot be read, problems) without reading the files' contents."""
     try:
         _, digest = read_marker(path)
         manifest = read_manifest(path, digest)
-        return manifest, check_sizes(path, manifest, NOT_LISTED)
+        return manifest, check_sizes(path, manifest, not_listed(path))
     except (CheckpointCorrupt, OSError, ValueError) as e:
         return None, [str(e)]
 
@@ -198,6 +189,29 @@ def resolve_resume_path(path: str | None, run_dir: str | None, key: str = "resum
     return path
 
 
+def resolve_which(path: str, which: str, key: str) -> str:
+    """Collective. A run folder -> its newest verified checkpoint (`latest`, as resolve_resume_path) or
+    the checkpoint its `best` file names (checkpoint/evaluations.py), verified; a checkpoint folder ->
+    itself, if complete and whole (`latest` only). `key` names the path in the errors."""
+    if which not in WHICH:
+        raise ValueError(f"--which {which!r}: expected one of {', '.join(WHICH)}")
+    if which == "latest":
+        return resolve_resume_path(path, None, key)
+    if _step_of(path) is not None:
+        raise FileNotFoundError(f"--which best picks a checkpoint of a run folder, and {key} '{path}' is a "
+                                "checkpoint folder: pass its run folder, or leave out --which")
+    best = evaluations.read_best(path)
+    if best is None:
+        raise FileNotFoundError(f"{key} '{path}' has no `{evaluations.BEST}` file: no checkpoint of it has an "
+                                f"evaluation report ({evaluations.EVAL_DIR}/{evaluations.REPORT}); evaluate them "
+                                f"(python -m inference.follow {path} --once), or use --which latest")
+    if not is_complete(best):  # retention keeps the best one: deleted or damaged by hand
+        raise FileNotFoundError(f"{key} '{path}' --which best: `{evaluations.BEST}` names {os.path.basename(best)}, "
+                                f"which {'has no ' + MARKER + ' marker' if os.path.isdir(best) else 'does not exist'}; "
+                                "use --which latest, or name a checkpoint folder")
+    return resolve_resume_path(best, None, key)
+
+
 # --- saving --------------------------------------------------------------------------------------
 def seal(folder: str, step: int, files: dict[str, Any], health: dict[str, bool], world_size: int) -> None:
     """Write the manifest of `files` ({rel: digest_files' record}, written by `world_size` ranks) and then
@@ -234,6 +248,8 @@ class Checkpointer:
             for tmp in glob.glob(os.path.join(self.run_dir, f".tmp_{PREFIX}*")) + \
                     glob.glob(os.path.join(self.run_dir, f".trash_{PREFIX}*")):
                 shutil.rmtree(tmp, ignore_errors=True)
+            for tmp in glob.glob(os.path.join(self.run_dir, f".{evaluations.BEST}.*")):  # update_best's
+                os.remove(tmp)
             if os.path.exists(os.path.join(self.run_dir, "latest.tmp")):
                 os.remove(os.path.join(self.run_dir, "latest.tmp"))
 
@@ -338,26 +354,29 @@ class Checkpointer:
                         os.path.basename(found[-1]), disk.gb(needed), when)
 
     def _protected(self, keep: str) -> set[str]:
-        """Never deleted: the checkpoint just written, and the newest whose weights and loss were finite
-        and whose files are all there (or, when none, the newest whose weights were finite)."""
+        """Never deleted: the checkpoint just written; the newest whose weights and loss were finite and
+        whose files are all there (or, when none, the newest whose weights were finite); the one with the
+        best evaluation (checkpoint/evaluations.py). Nor those being evaluated: `_apply_retention` asks
+        each just before deleting it."""
         found = complete_checkpoints(self.run_dir)[::-1]
         whole = [p for p in found if not quick_check(p)[1]]
         good = [p for p in whole if _healthy(p)] or [p for p in whole if (saved_health(p) or {}).get("weights_finite")]
-        return {keep, *good[:1]}
+        best = evaluations.best_checkpoint(self.run_dir)
+        return {keep, *good[:1], *([best] if best else [])}
 
     def _apply_retention(self, keep: str) -> None:
         """Keep the newest `total_limit` checkpoints (and the protected ones). A failure here is a
         warning: the new checkpoint is complete, and the next save tries again."""
         limit = self.cfg.system.total_limit
-        if not limit:
-            return
         try:
-            found, protected = complete_checkpoints(self.run_dir), self._protected(keep)
-            excess = len(found) - limit
+            found = complete_checkpoints(self.run_dir)
+            excess = len(found) - limit if limit else 0
+            protected = self._protected(keep) if excess > 0 else set()
             for old in found:
                 if excess <= 0:
                     break
-                if old in protected:
+                # asked last: an evaluation may have begun since the checks above
+                if old in protected or evaluations.is_being_evaluated(old):
                     continue
                 # rename first: a crash during the delete must not leave a half-deleted "complete" folder
                 trash = os.path.join(self.run_dir, f".trash_{os.path.basename(old)}")
@@ -367,6 +386,10 @@ class Checkpointer:
         except OSError as e:
             log.warning("retention could not delete an old checkpoint of %s (%s); it is retried at the next "
                         "save", self.run_dir, e)
+        try:
+            evaluations.update_best(self.run_dir)
+        except OSError as e:
+            log.warning("`best` of %s could not be updated (%s); it is retried at the next save", self.run_dir, e)
 
     def load(self, path: str, parts: Registry) -> None:
         """Collective: restore every part of `parts` registered to be restored, in registration order.

@@ -1,5 +1,8 @@
 """Export a training checkpoint as a model folder: `python -m checkpoint.export <checkpoint_dir> <out_dir>`.
 
+`checkpoint_dir` is a checkpoint_step_N folder, or a run folder: its newest verified checkpoint, or with
+`--which best` the one with the highest closed-loop success (the run's `best` file, checkpoint/evaluations.py).
+
 Writes what `WorldModel.from_pretrained(out_dir)` and `finetune.checkpoint_path: out_dir` read:
 - `config.json`: the model's architecture spec (as `WorldModel.save_pretrained` writes it,
   rebuilt from the checkpoint's `config.yaml`) plus the `common` section (action and state
@@ -23,7 +26,10 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from models.serialization import CONFIG_NAME, DEFAULT_SHARD_BYTES, INDEX_NAME, WEIGHTS_NAME, ModelLoadError
+from checkpoint.checkpointer import resolve_which
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, read_weights
+from checkpoint.layout import WHICH
+from checkpoint.manifest import CheckpointCorrupt
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +117,24 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str, max_shard_bytes: int = 
     return out_dir
 
 
+def source_checkpoint(path: str, which: str | None) -> str:
+    """The checkpoint_step_N folder to export: `path` itself when it holds a config.yaml and no `which` is
+    asked for (read as it is, as before run folders were accepted); else what `which` (default latest)
+    picks from the run folder `path` (checkpoint.checkpointer.resolve_which), verified."""
+    if which is None and os.path.isfile(os.path.join(path, CONFIG_YAML)):
+        return path
+    try:
+        return resolve_which(path, which or "latest", key="checkpoint_dir")
+    except (FileNotFoundError, CheckpointCorrupt) as e:
+        raise ExportError(str(e)) from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint_dir", help="a checkpoint_step_N folder")
+    parser.add_argument("checkpoint_dir", help="a checkpoint_step_N folder, or a run folder (see --which)")
+    parser.add_argument("--which", choices=WHICH, default=None,
+                        help="with a run folder: its newest verified checkpoint (latest, default) or the one with "
+                             "the highest closed-loop success (best: the run's `best` file)")
     parser.add_argument("out_dir", help="the export folder (must be empty unless --overwrite)")
     parser.add_argument("--max-shard-size", default=f"{DEFAULT_SHARD_BYTES // 2 ** 30}GiB",
                         help="largest safetensors file before sharding, e.g. 5GB, 500MB, 2GiB (default 5GiB)")
@@ -123,11 +144,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        out = export_checkpoint(args.checkpoint_dir, args.out_dir, parse_size(args.max_shard_size),
-                                args.overwrite, args.weights)
+        source = source_checkpoint(args.checkpoint_dir, args.which)
+        out = export_checkpoint(source, args.out_dir, parse_size(args.max_shard_size), args.overwrite, args.weights)
     except (ExportError, FinetuneError, ModelLoadError) as e:
         sys.exit(f"export failed: {e}")
-    print(f"exported the {args.weights} weights of {args.checkpoint_dir} -> {out} "
+    print(f"exported the {args.weights} weights of {source} -> {out} "
           f"({', '.join(sorted(os.listdir(out)))})")
 
 

@@ -4,7 +4,8 @@ the recipe's config, from any of the folders training and export write.
 `--checkpoint PATH` may be
 - a `checkpoint_step_N/` folder (its `config.yaml` and `norm_stats.json` travel with it);
 - a run folder: its newest complete checkpoint that passes verification (as
-  `resume.checkpoint_path=auto` picks it; damaged ones are skipped with a warning);
+  `resume.checkpoint_path=auto` picks it; damaged ones are skipped with a warning), or with
+  `--which best` the one its `best` file names (the highest closed-loop success, checkpoint/evaluations.py);
 - an exported folder (`python -m checkpoint.export`): `config.json` holds the model and `common`
   sections, `norm_stats.json` the statistics; the other sections take the schema's defaults.
 `--config CFG` replaces the config that came with the checkpoint (the architecture always comes
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from checkpoint.checkpointer import PREFIX, resolve_resume_path
+from checkpoint.checkpointer import PREFIX, resolve_which
 from checkpoint.export import CONFIG_YAML, NORM_STATS, model_spec_from_config
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, inference_weights
 from checkpoint.manifest import CheckpointCorrupt
@@ -65,21 +66,25 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def resolve_checkpoint(path: str) -> str:
+def resolve_checkpoint(path: str, which: str = "latest") -> str:
     """A run folder -> its newest complete checkpoint that passes verification, by the rule
-    `resume.checkpoint_path=auto` follows (checkpoint.checkpointer.resolve_resume_path); a
-    checkpoint folder -> itself, if complete and whole; an exported folder -> itself."""
+    `resume.checkpoint_path=auto` follows, or with `which` "best" the one its `best` file names
+    (checkpoint.checkpointer.resolve_which); a checkpoint folder -> itself, if complete and whole;
+    an exported folder -> itself."""
     if not os.path.isdir(path):
         raise CheckpointError(f"--checkpoint '{path}' is not a folder; expected a {PREFIX}N folder, a run "
                               "folder or an exported folder")
     is_checkpoint = os.path.basename(os.path.normpath(path)).startswith(PREFIX)
     if not is_checkpoint and os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        if which != "latest":
+            raise CheckpointError(f"--which {which} picks a checkpoint of a run folder, and --checkpoint '{path}' "
+                                  "is an exported folder: leave out --which")
         return path
     if not is_checkpoint and not glob.glob(os.path.join(path, PREFIX + "*")):
         raise CheckpointError(f"--checkpoint '{path}' is neither a {PREFIX}N folder, a run folder (holding "
                               f"{PREFIX}N folders) nor an exported folder (with {CONFIG_NAME})")
     try:
-        found = resolve_resume_path(path, None, key="--checkpoint")  # damaged ones skipped loudly
+        found = resolve_which(path, which, key="--checkpoint")  # damaged ones skipped loudly
     except (FileNotFoundError, CheckpointCorrupt) as e:
         raise CheckpointError(str(e)) from None
     if not os.path.isfile(os.path.join(found, CONFIG_YAML)):
@@ -149,13 +154,14 @@ def build_model(spec: dict[str, Any], weights: dict[str, torch.Tensor], folder: 
 
 
 def load_checkpoint(path: str, config: str | None = None, overrides: Iterable[str] = (),
-                    device: str | torch.device = "cpu", weights: str | None = None) -> Loaded:
+                    device: str | torch.device = "cpu", weights: str | None = None, which: str = "latest") -> Loaded:
     """Everything inference needs from `path` (see the module docstring) -> Loaded. `weights`: "ema",
-    "raw" or None (the EMA weights when the checkpoint has them, else the raw ones; logged)."""
+    "raw" or None (the EMA weights when the checkpoint has them, else the raw ones; logged). `which`:
+    "latest" or "best", the checkpoint a run folder gives."""
     from models.build import ALL_FROZEN_PARTS, build_encoders
     from models.sizes import get_size
 
-    folder = resolve_checkpoint(path)
+    folder = resolve_checkpoint(path, which)
     cfg, spec = load_recipe(folder, config, overrides)
     stats = load_stats(folder)
     try:

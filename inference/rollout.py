@@ -1,6 +1,6 @@
 """Closed-loop evaluation: a served policy acts in a simulator, and its success rate is reported.
 
-    python -m inference.rollout --task transfer_cube (--checkpoint PATH | --policy ws://HOST:PORT) \
+    python -m inference.rollout --task transfer_cube (--checkpoint PATH [--which best] | --policy ws://HOST:PORT) \
         --episodes 50 --out DIR [--seed S] [--workers W] [--replan K] [--steps T] [--videos N] \
         [--baselines expert,hold] [--device cpu] [serving.key=value ...]
 
@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from checkpoint.layout import WHICH
 from inference import rollout_report
 from inference.rollout_episode import ARMS, Episode, EpisodeError, Plan, close_worker, init_worker, run_episode
 from inference.rollout_server import RolloutError, ServerProcess, observation_roles
@@ -47,6 +48,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     policy = p.add_mutually_exclusive_group(required=True)
     policy.add_argument("--checkpoint", help="serve this checkpoint (python -m inference.serve) for the rollout")
     policy.add_argument("--policy", help="a running policy server, ws://HOST:PORT")
+    p.add_argument("--which", choices=WHICH, default=None,
+                   help="with a run folder as --checkpoint: latest (default) or best (the run's `best` file)")
     p.add_argument("--episodes", type=int, required=True)
     p.add_argument("--out", required=True, help="a new or empty folder for the report")
     p.add_argument("--seed", type=int, default=None, help="first evaluation seed (default: the first of EVAL_SEEDS)")
@@ -77,6 +80,8 @@ def check_args(args: argparse.Namespace, task: "SimTask") -> tuple[list[int], li
     if args.checkpoint is not None and not os.path.isdir(args.checkpoint):
         raise RolloutError(f"--checkpoint '{args.checkpoint}' is not a folder; expected a checkpoint_step_N folder, "
                            "a run folder or an exported folder")
+    if args.which is not None and args.checkpoint is None:
+        raise RolloutError(f"--which {args.which} picks the checkpoint this command serves: it needs --checkpoint")
     if args.overrides and args.checkpoint is None:
         raise RolloutError(f"overrides {args.overrides} go to the server this command starts: they need --checkpoint")
     start = EVAL_SEEDS.start if args.seed is None else args.seed
@@ -156,7 +161,8 @@ def rollout(args: argparse.Namespace, tmp: str, argv: list[str]) -> dict[str, An
     server = None
     try:
         if args.checkpoint is not None:
-            server = ServerProcess(args.checkpoint, os.path.join(tmp, "server.log"), args.device, args.overrides)
+            server = ServerProcess(args.checkpoint, os.path.join(tmp, "server.log"), args.device, args.overrides,
+                                   args.which or "latest")
             log.info("starting the policy server: %s", " ".join(server.cmd))
             uri = server.start()
             where = f"for --checkpoint {args.checkpoint}"

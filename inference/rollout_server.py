@@ -66,14 +66,15 @@ def observation_roles(task: "SimTask", meta: dict[str, Any], where: str) -> Tupl
 
 
 class ServerProcess:
-    """`python -m inference.serve --checkpoint PATH` on a free loopback port, its output in `log_path`;
-    `start()` returns once it answers; `stop()` always ends it."""
+    """`python -m inference.serve --checkpoint PATH --which WHICH` on a free loopback port, its output in
+    `log_path`; `start()` returns once it answers; `stop()` always ends it."""
 
-    def __init__(self, checkpoint: str, log_path: str, device: str = "cpu", overrides: Sequence[str] = ()) -> None:
+    def __init__(self, checkpoint: str, log_path: str, device: str = "cpu", overrides: Sequence[str] = (),
+                 which: str = "latest") -> None:
         self.checkpoint, self.log_path = checkpoint, log_path
         self.port = free_port()
-        self.cmd = [sys.executable, "-m", "inference.serve", "--checkpoint", checkpoint, "--host", "127.0.0.1",
-                    "--port", str(self.port), "--device", device, *overrides]
+        self.cmd = [sys.executable, "-m", "inference.serve", "--checkpoint", checkpoint, "--which", which,
+                    "--host", "127.0.0.1", "--port", str(self.port), "--device", device, *overrides]
         self.proc: subprocess.Popen[str] | None = None
 
     @property

@@ -1,6 +1,7 @@
 """Serve a checkpoint as a websocket policy server speaking openpi-client's protocol.
 
-    python -m inference.serve --checkpoint runs/tiny/<run> --port 8000 [--host 0.0.0.0] [--device cuda]
+    python -m inference.serve --checkpoint runs/tiny/<run> --port 8000 [--host 0.0.0.0] [--device cuda] \
+        [--which best]
 
 The protocol is openpi's (openpi_client.websocket_client_policy): on connect the server sends its
 metadata (msgpack, numpy arrays as openpi_client.msgpack_numpy packs them): `observation_keys` (each
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from openpi_client import msgpack_numpy
 
+from checkpoint.layout import WHICH
 from checkpoint.finetune import WEIGHT_SETS
 from inference.load import CheckpointError, load_checkpoint
 from inference.policy import Policy
@@ -145,6 +147,9 @@ class BatchingServer:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="a checkpoint_step_N folder, a run folder or an export")
+    p.add_argument("--which", choices=WHICH, default="latest",
+                   help="with a run folder: its newest verified checkpoint (latest, default) or the one with the "
+                        "highest closed-loop success (best: the run's `best` file)")
     p.add_argument("--config", default=None, help="a recipe YAML replacing the checkpoint's config")
     p.add_argument("--host", default="0.0.0.0", help="interface to listen on (127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -162,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from models.serialization import ModelLoadError
     from utils.config import ConfigError
     try:
-        loaded = load_checkpoint(args.checkpoint, args.config, args.overrides, args.device, args.weights)
+        loaded = load_checkpoint(args.checkpoint, args.config, args.overrides, args.device, args.weights, args.which)
     except (CheckpointError, ConfigError, ModelLoadError) as e:
         sys.exit(f"serve failed: {e}")
     sv = loaded.cfg.serving

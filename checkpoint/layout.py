@@ -1,0 +1,26 @@
+"""The names of a run folder: its `checkpoint_step_N/` folders and the COMPLETE marker that makes one
+loadable. Here, below checkpoint/checkpointer.py and checkpoint/evaluations.py, so that both read them."""
+import glob
+import os
+import re
+
+PREFIX = "checkpoint_step_"
+MARKER = "COMPLETE"
+WHICH = ("latest", "best")
+"""What `--which` picks from a run folder: its newest verified checkpoint (the one `latest` names, unless
+damaged), or the one its `best` file names (checkpoint/evaluations.py)."""
+
+
+def _step_of(path: str) -> int | None:
+    m = re.fullmatch(PREFIX + r"(\d+)", os.path.basename(path.rstrip("/")))
+    return int(m.group(1)) if m else None
+
+
+def is_complete(path: str) -> bool:
+    return _step_of(path) is not None and os.path.isfile(os.path.join(path, MARKER))
+
+
+def complete_checkpoints(run_dir: str) -> list[str]:
+    """Complete checkpoints of a run, oldest first."""
+    found = [p for p in glob.glob(os.path.join(run_dir, PREFIX + "*")) if is_complete(p)]
+    return sorted(found, key=lambda p: _step_of(p) or 0)  # complete: every one has a step
