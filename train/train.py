@@ -23,6 +23,7 @@ from checkpoint.state import Document, PerRank, RandomState, Registry, Shared, S
 from recipe.config import config_stem, load_config, save_config  # noqa: E402
 from train.config import check_launch  # noqa: E402
 from train.ema import optimizer_state_report  # noqa: E402
+from train.evaluation import Evaluator  # noqa: E402
 from train.engine import Engine  # noqa: E402
 from train.launch import make_accelerator, make_engine  # noqa: E402
 from train.guard import NonFiniteGuard, check_weights_before_save, health, run_guarded  # noqa: E402
@@ -217,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             assert edits is not None  # checked above whenever the run resumes
             restore(checkpointer, resume_from, parts, state, cfg, edits)
         metrics = dist.fail_together(Metrics, cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
+        evaluator = dist.fail_together(Evaluator, cfg, run_dir, metrics, dist.is_main())  # closed-loop, rank 0
     except dist.StartupError as e:
         dist.die(e)
     ga, micro_batch = cfg.training.gradient_accumulation_steps, cfg.training.batch_size
@@ -263,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  step_time=elapsed / window_steps, skipped=stream.skipped)
             metrics.log(record)
             metrics.progress(step, record)
+            evaluator.poll()  # log the evaluations that ended
             window_start, window_steps = time.perf_counter(), 0
         loss_sum = {}
         guard.check()  # too many non-finite steps in a row: stop without saving
@@ -270,16 +273,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         if step % cfg.system.save_interval == 0 or is_last or preempted:
             path = save(step)
             log.info("saved %s", path)
+            evaluator.after_save(step, path)  # a due checkpoint's evaluation starts beside training
         if preempted:
             log.warning("preempted (%s): saved step %d, exiting with %d for requeue",
                         preemption.signal, step, REQUEUE_EXIT_CODE)
+            evaluator.close(preempted=True)  # stops the running evaluation: the resumed run redoes it
             metrics.close()
             dist.shutdown()
             dist.leave(REQUEUE_EXIT_CODE)
+    dist.shutdown()  # first: the other ranks do not wait in its barrier for the last evaluation
+    evaluator.close(preempted=False)  # waits for the last evaluation and logs it
     metrics.close()
     if dist.is_main():
         print_summary(run_dir, cfg, state.step)
-    dist.shutdown()
     dist.leave(0)
 
 
