@@ -7,7 +7,8 @@ know what they are), then
   MANIFEST.json      every file of the parts with its size and checksum, the number of ranks that wrote
                      them, and whether the weights and the last loss were finite (checkpoint/manifest.py)
   COMPLETE           written last, before the rename: the step and the manifest's checksum
-`{run_dir}/latest` names the newest complete checkpoint.
+`{run_dir}/latest` names the newest complete checkpoint; `{run_dir}/best` the one with the highest
+closed-loop success, when checkpoints were evaluated (checkpoint/evaluations.py): retention keeps it.
 
 A save that fails on any rank (a full disk) fails on every rank with one CheckpointSaveError,
 after the partial folder is removed; older checkpoints and `latest` are never touched.

@@ -13,9 +13,11 @@ and `auto` resume ignore it, checkpoint/checkpointer.py `not_listed`):
 step), as `latest` names the newest; it is rewritten whenever a report lands or retention runs.
 """
 import contextlib
+import glob
 import json
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -61,7 +63,7 @@ def read_report(checkpoint: str) -> dict[str, Any] | None:
     except (OSError, ValueError) as e:
         log.warning("%s cannot be read (%s): the checkpoint counts as unevaluated", path, e)
         return None
-    if policy_success(report) is None:
+    if not isinstance(report, dict) or policy_success(report) is None:
         log.warning("%s has no results.policy.success_rate (not an inference.rollout report): the checkpoint "
                     "counts as unevaluated", path)
         return None
@@ -70,8 +72,10 @@ def read_report(checkpoint: str) -> dict[str, Any] | None:
 
 def policy_success(report: Mapping[str, Any]) -> float | None:
     """results.policy.success_rate of a rollout report, or None when it has none."""
-    rate = report.get("results", {}).get("policy", {}).get("success_rate")
-    return float(rate) if isinstance(rate, (int, float)) else None
+    results = report.get("results")
+    policy = results.get("policy") if isinstance(results, dict) else None
+    rate = policy.get("success_rate") if isinstance(policy, dict) else None
+    return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else None
 
 
 def rollout_command(checkpoint: str, evaluation: Mapping[str, Any], python: str) -> list[str]:
@@ -152,6 +156,23 @@ def read_failure(checkpoint: str) -> str | None:
         return None
     except (OSError, ValueError, KeyError) as e:
         return f"{os.path.join(checkpoint, FAILED)} cannot be read ({e})"
+
+
+def clear_failure(checkpoint: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(checkpoint, FAILED))
+
+
+def discard_partial(checkpoint: str) -> list[str]:
+    """Remove what an evaluation that was stopped or died left in `checkpoint`: the rollout's temporary
+    `.eval.partial_*` folders, and an eval/ folder without a readable report (a new rollout needs it
+    empty). Returns what was removed."""
+    found = glob.glob(os.path.join(checkpoint, PARTIAL + "*"))
+    if os.path.isdir(os.path.join(checkpoint, EVAL_DIR)) and read_report(checkpoint) is None:
+        found.append(os.path.join(checkpoint, EVAL_DIR))
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True)
+    return found
 
 
 def best_checkpoint(run_dir: str) -> str | None:

@@ -1,6 +1,6 @@
 """Evaluate a checkpoint open-loop on held-out episodes and write a report.
 
-    python -m inference.evaluate --checkpoint runs/tiny/<run> --out eval/ [--episodes 3] \
+    python -m inference.evaluate --checkpoint runs/tiny/<run> [--which best] --out eval/ [--episodes 3] \
         [--modes policy,joint,video,forward_dynamics,inverse_dynamics] [--seed 0] [--device cpu]
 
 Every window of the held-out episodes (or of `--dataset DIR`) is one sample: the model sees the
@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from checkpoint.finetune import WEIGHT_SETS
+from checkpoint.layout import WHICH
 from inference import metrics
 from inference.load import CheckpointError, load_checkpoint
 from inference.metrics import ACTION_MODES, MODES, VIDEO_MODES
@@ -127,6 +128,9 @@ def parse_modes(text: str) -> list[str]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="a checkpoint_step_N folder, a run folder or an export")
+    p.add_argument("--which", choices=WHICH, default="latest",
+                   help="with a run folder: its newest verified checkpoint (latest, default) or the one with the "
+                        "highest closed-loop success (best: the run's `best` file)")
     p.add_argument("--config", default=None, help="a recipe YAML replacing the checkpoint's config")
     p.add_argument("--dataset", default=None, help="evaluate every episode of this folder instead of the held-out ones")
     p.add_argument("--episodes", type=int, default=None, help="only the first N episodes")
@@ -149,7 +153,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from inference.report import write_report
 
     modes = parse_modes(args.modes)
-    loaded = load_checkpoint(args.checkpoint, args.config, args.overrides, args.device, args.weights)
+    loaded = load_checkpoint(args.checkpoint, args.config, args.overrides, args.device, args.weights, args.which)
     policy = Policy(loaded)
     dataset = eval_dataset(loaded.cfg, loaded.stats, args.dataset)
     windows = dataset.val_windows()
