@@ -165,13 +165,13 @@ os.rename(partial, os.path.join(checkpoint, "eval"))
 
 @pytest.fixture
 def stand_in(tmp_path, monkeypatch):
-    """A run folder with checkpoints 3, 6, 9 and 12; rollouts are STAND_IN, steered through files in
-    `control`: go(step, "fail" | wins) ends one."""
+    """A 13-step run's folder with checkpoints 3, 6, 9 and 13 (evaluation.interval 3); rollouts are STAND_IN,
+    steered through files in `control`: go(step, "fail" | wins) ends one."""
     import train.evaluation
 
     run, control = tmp_path / "run", tmp_path / "control"
     control.mkdir()
-    for step in (3, 6, 9, 12):
+    for step in (3, 6, 9, 13):
         (run / f"checkpoint_step_{step}").mkdir(parents=True)
         (run / f"checkpoint_step_{step}" / "COMPLETE").write_text(f"{step}\n")
     commands, real = [], evaluations.rollout_command
@@ -184,7 +184,8 @@ def stand_in(tmp_path, monkeypatch):
     monkeypatch.setattr(train.evaluation, "STOP_GRACE_S", 3.0)
     monkeypatch.setattr(evaluations, "HEARTBEAT_S", 0.2)
     cfg = load_config("configs/tiny.yaml", ALOHA_SHAPED + ["evaluation.interval=3", "system.save_interval=3",
-                                                           "evaluation.episodes=4", "logging.report_to=none"])
+                                                           "evaluation.episodes=4", "training.max_steps=13",
+                                                           "logging.report_to=none"])
 
     class Run:
         def __init__(self):
@@ -261,16 +262,16 @@ def test_one_rollout_at_a_time_the_newest_waits_and_a_failure_is_logged(stand_in
     assert evaluations.read_failure(stand_in.ckpt(9)) == error["eval/error"]
     assert stand_in.evaluating() == [] and evaluations.read_report(stand_in.ckpt(9)) is None
     assert not glob.glob(os.path.join(stand_in.ckpt(9), ".eval.partial_*"))
-    ev.after_save(12, stand_in.ckpt(12))
-    stand_in.started(12)
-    stand_in.go(12, 1)
-    ev.close(preempted=False)  # waits for 12
+    ev.after_save(13, stand_in.ckpt(13))  # the last step: due, though not a multiple of 3
+    stand_in.started(13)
+    stand_in.go(13, 1)
+    ev.close(preempted=False)  # waits for 13
     assert [(r["step"], r.get("eval/success_rate")) for r in stand_in.records()] == [(3, 0.75), (9, None),
-                                                                                      (12, 0.25)]
-    log = open(os.path.join(stand_in.dir, "eval_logs", "checkpoint_step_12.log")).read()
+                                                                                      (13, 0.25)]
+    log = open(os.path.join(stand_in.dir, "eval_logs", "checkpoint_step_13.log")).read()
     assert log.startswith(f"$ {sys.executable} -c ")
 
-    resumed = stand_in.evaluator(start_step=12)  # a resumed run logs nothing twice and redoes nothing
+    resumed = stand_in.evaluator(start_step=13)  # a resumed run logs nothing twice and redoes nothing
     resumed.poll()
     resumed.close(preempted=False)
     assert len(stand_in.records()) == 3 and not os.path.exists(os.path.join(stand_in.ckpt(6), "eval"))
@@ -332,7 +333,7 @@ def test_a_follower_s_records_are_logged_and_nothing_is_started(stand_in):
         {"step": 9, "eval/error": "the follower's server did not start"}]
 
     disabled = Evaluator(cfg, stand_in.dir, Metrics(cfg, stand_in.dir, False, 0, "none"), False)  # rank 1
-    disabled.after_save(12, stand_in.ckpt(12))
+    disabled.after_save(13, stand_in.ckpt(13))
     disabled.poll()
     disabled.close(preempted=True)
     assert len(stand_in.records()) == 2

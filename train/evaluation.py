@@ -6,13 +6,14 @@ during training"). Rank 0 only; elsewhere, or with `evaluation.task` null, every
     evaluator.poll()                     # at each logged step: logs the evaluations that ended
     evaluator.close(preempted)           # at the end: waits for the last one; on preemption stops it
 
-With `evaluation.runner: trainer`, a save at a multiple of `evaluation.interval` starts `python -m
-inference.rollout` on that checkpoint as a child process (its output in `{run_dir}/eval_logs/`), and
-training goes on. One runs at a time; a due save meanwhile waits for it, and a newer due save takes the
-waiting one's place (the older is skipped, and logged): the evaluations keep up with training instead
-of falling further behind, and the last due checkpoint is always evaluated. A checkpoint waiting or
-being evaluated carries checkpoint/evaluations.py's EVALUATING marker (kept fresh here), so retention
-never deletes it. With `runner: follower` an external `python -m inference.follow` job evaluates.
+With `evaluation.runner: trainer`, a save at a multiple of `evaluation.interval` (or at the run's
+last step) starts `python -m inference.rollout` on that checkpoint as a child process (its output in
+`{run_dir}/eval_logs/`), and training goes on. One runs at a time; a due save meanwhile waits for it,
+and a newer due save takes the waiting one's place (the older is skipped, and logged): the evaluations
+keep up with training instead of falling further behind, and the last checkpoint is always evaluated.
+A checkpoint waiting or being evaluated carries checkpoint/evaluations.py's EVALUATING marker (kept
+fresh here), so retention never deletes it. With `runner: follower` an external `python -m
+inference.follow` job evaluates.
 
 Either way, every poll logs the records in the run's checkpoint folders not yet logged, at their
 checkpoint's step: a report as eval/* figures and one episode's video, a failure as eval/error. Which
@@ -146,6 +147,7 @@ def figures_of(report: dict[str, Any]) -> dict[str, float | str]:
 class Evaluator:
     def __init__(self, cfg: DictConfig, run_dir: str, metrics: Metrics, enabled: bool) -> None:
         self.cfg, self.run_dir, self.metrics = cfg.evaluation, run_dir, metrics
+        self.last_step = cfg.training.max_steps
         self.enabled = enabled and self.cfg.task is not None
         self.running: Rollout | None = None
         self.waiting: str | None = None  # the newest due checkpoint not yet started
@@ -163,8 +165,10 @@ class Evaluator:
 
     # ---- the loop's calls ---------------------------------------------------------------------
     def after_save(self, step: int, path: str) -> None:
-        """Start (or queue) the evaluation of checkpoint `path` if `step` is due; never blocks."""
-        if not self.enabled or self.cfg.runner != "trainer" or step % self.cfg.interval:
+        """Start (or queue) the evaluation of checkpoint `path` if `step` is due (a multiple of
+        evaluation.interval, or the run's last step, as inference.follow decides); never blocks."""
+        due = step % self.cfg.interval == 0 or step == self.last_step
+        if not self.enabled or self.cfg.runner != "trainer" or not due:
             return
         self._reap()
         if evaluations.read_report(path) is not None:  # a rewound run reached a step it evaluated before
