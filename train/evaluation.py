@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import IO, Any
 
 import psutil
@@ -86,8 +87,10 @@ class Rollout:
             return None
         with open(self.log_path, errors="replace") as f:
             lines = [line.strip() for line in f.readlines()[-100:] if line.strip()]
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}" + (
-            "" if code else " without a report")
+        if code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exit code {code}" if code else "exit code 0 without a report"
         last = lines[-1] if lines else "no output"
         # its own message, and the line that ends what it quotes (a policy server's error)
         failed = next((line for line in reversed(lines) if line.startswith("rollout failed:")), last)
@@ -98,12 +101,17 @@ class Rollout:
         """SIGINT to its session: the rollout stops its policy server (a session of its own) and its
         workers and removes its partial report; whatever is left after STOP_GRACE_S is killed."""
         try:
-            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+            descendants = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
-            tree = []
+            descendants = []
+        deadline = time.monotonic() + STOP_GRACE_S
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGINT)
-        _, alive = psutil.wait_procs(tree, timeout=STOP_GRACE_S)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(STOP_GRACE_S)
+        _, alive = psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
+        if self.proc.poll() is None:
+            self.proc.kill()
         for proc in alive:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
