@@ -16,6 +16,7 @@ never meet, so an evaluation never replays a training scene.
 """
 import collections
 import importlib
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Optional, Tuple
@@ -76,15 +77,32 @@ TASKS: Dict[str, SimTask] = {
 
 def get_task(name: str) -> SimTask:
     """The task called `name`, with its simulator importable; else SimTaskError saying what to do."""
-    if name not in TASKS:
-        raise SimTaskError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    task = TASKS[name]
+    task = _known(name)
     try:
         importlib.import_module(task.module)
     except ImportError as e:
-        raise SimTaskError(f"task {name!r} needs the package {task.pip} ({e}); install it with "
-                           f"`pip install {task.pip}` (scripts/setup.sh installs requirements.txt)") from e
+        raise _missing(task, str(e)) from e
     return task
+
+
+def installed_task(name: str) -> SimTask:
+    """The task called `name` if its simulator package is installed, found without importing it (gym and
+    MuJoCo take seconds: a recipe that names a task is checked with this); else SimTaskError."""
+    task = _known(name)
+    if importlib.util.find_spec(task.module) is None:
+        raise _missing(task, f"no module named {task.module!r}")
+    return task
+
+
+def _known(name: str) -> SimTask:
+    if name not in TASKS:
+        raise SimTaskError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name]
+
+
+def _missing(task: SimTask, reason: str) -> SimTaskError:
+    return SimTaskError(f"task {task.name!r} needs the package {task.pip} ({reason}); install it with "
+                        f"`pip install {task.pip}` (scripts/setup.sh installs requirements.txt)")
 
 
 def check_seeds(seeds: Iterable[int], allowed: range, what: str) -> None:

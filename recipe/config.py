@@ -5,21 +5,24 @@ and every check across its fields, run at load time before anything is built.
 rejects unknown keys and wrong types), checks every value against the names its package allows
 (model sizes, optimizers, schedules, ...) and every rule between fields, fills the derived fields
 and returns a read-only config. Training and inference both read a recipe through this module; it
-imports only the light `config` modules of data/, models/ and optim/ (no torch, PyAV, diffusers
-or transformers), so checking a YAML costs milliseconds. The rules that depend on how a run is
-launched (process count, --deepspeed, CUDA) are train/launch_checks.py's `check_launch`.
+imports only the light `config` modules of data/, models/ and optim/ and data/sim_env.py's task
+table (no torch, PyAV, diffusers, transformers or simulator), so checking a YAML costs milliseconds.
+The rules that depend on how a run is launched (process count, --deepspeed, CUDA) are
+train/launch_checks.py's `check_launch`.
 """
 import os
+import re
 from typing import Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
 from data.config import DATA_MODES, DATASET_TYPES, FRAME_LAYOUTS, NORMALIZATIONS, TASK_MODES
+from data.sim_env import EVAL_SEEDS, TASKS, SimTaskError, installed_task
 from models.config import MODEL_MODES, NOISE_LAWS, PRECISIONS, PROJECTOR_TYPES
 from models.sizes import SIZES
 from optim.config import ADJUST_LR_FNS, NS_DTYPES, NS_METHODS, OPTIMIZERS
 from optim.routing import PRESETS
-from recipe.schema import LOG_LEVELS, MATMUL_PRECISIONS, Config
+from recipe.schema import LOG_LEVELS, MATMUL_PRECISIONS, RUNNERS, Config
 from utils.config import ConfigError, check_choice, load_structured, require
 from utils.metrics import PROGRESS, REPORT_TO, WANDB_MODES
 from utils.schedule import SCHEDULES
@@ -46,6 +49,8 @@ CHOICES = {
     "logging.progress": PROGRESS,
     "system.log_level": LOG_LEVELS,
     "system.speed.matmul_precision": MATMUL_PRECISIONS,
+    "evaluation.task": tuple(sorted(TASKS)),
+    "evaluation.runner": RUNNERS,
 }
 """Config key -> its allowed names, each from the light module of the package that implements them."""
 
@@ -61,6 +66,7 @@ POSITIVE_INTS = (
     "model.action_expert.ffn_dim_multiplier", "model.und_expert.ffn_dim_multiplier",
     "serving.max_batch_size",
     "training.ema.update_every",
+    "evaluation.episodes", "evaluation.workers",
 )
 
 DERIVED = {"common.action_chunk_size": "num_video_frames * video_action_freq_ratio"}
@@ -153,9 +159,50 @@ def _check_values(cfg: DictConfig, source: str) -> None:
     if d.type == "robotwin" and d.task_mode == "single" and not d.task_name:
         raise ConfigError(f"{source}: 'dataset.task_mode' is single but 'dataset.task_name' is not set")
     _check_serving(cfg.serving, source)
+    _check_evaluation(cfg, source)
     if d.frame_layout == "robotwin":  # the server composes head, left wrist, right wrist as training did
         require(source, len(cfg.serving.image_keys) == 3, "serving.image_keys", list(cfg.serving.image_keys),
                 "3 observation keys (head, left wrist, right wrist cameras) with dataset.frame_layout robotwin")
+
+
+def _check_evaluation(cfg: DictConfig, source: str) -> None:
+    """An evaluation the trainer would start after minutes of training must be able to run: its task's
+    simulator installed, the checkpoint's actions, state and camera what the task takes, its seeds
+    evaluation seeds (TRAINING.md, "Closed-loop evaluation during training")."""
+    ev = cfg.evaluation
+    if ev.task is None:
+        return
+    try:
+        task = installed_task(ev.task)
+    except SimTaskError as e:
+        raise ConfigError(f"{source}: 'evaluation.task' is {ev.task!r}: {e}") from None
+    the_task = f"evaluation.task {task.name} ({task.gym_id})"
+    first = EVAL_SEEDS.start if ev.seed is None else ev.seed
+    chunk = cfg.common.num_video_frames * cfg.common.video_action_freq_ratio
+    save = cfg.system.save_interval
+    rules = [
+        (ev.interval > 0 and ev.interval % save == 0, "evaluation.interval", ev.interval,
+         f"a positive multiple of system.save_interval ({save}): an evaluation runs on a saved checkpoint"),
+        (first in EVAL_SEEDS and first + ev.episodes - 1 in EVAL_SEEDS, "evaluation.seed", ev.seed,
+         f"null or a seed such that seed .. seed + episodes - 1 ({ev.episodes} episodes) lie in the evaluation "
+         f"seeds [{EVAL_SEEDS.start}, {EVAL_SEEDS.stop}) (data.sim_env.EVAL_SEEDS; never a demonstration seed)"),
+        (ev.videos >= 0, "evaluation.videos", ev.videos, "an integer >= 0"),
+        (ev.replan is None or 1 <= ev.replan <= chunk, "evaluation.replan", ev.replan,
+         f"null (the whole chunk) or 1 .. common.action_chunk_size ({chunk})"),
+        (ev.episode_steps is None or 1 <= ev.episode_steps <= task.max_steps, "evaluation.episode_steps",
+         ev.episode_steps, f"null (the task's cap) or 1 .. {task.max_steps}, the cap of {the_task}"),
+        (re.fullmatch(r"cpu|cuda(:\d+)?", ev.device) is not None, "evaluation.device", ev.device,
+         "cpu, cuda or cuda:N"),
+        (cfg.common.action_dim == task.action_dim, "common.action_dim", cfg.common.action_dim,
+         f"{task.action_dim}: {the_task} takes {task.action_dim}-D actions"),
+        (cfg.model.mode == "pretrain" or cfg.common.state_dim == task.state_dim, "common.state_dim",
+         cfg.common.state_dim, f"{task.state_dim}: {the_task} gives a {task.state_dim}-D state, which the policy "
+         "is served in model.mode finetune"),
+        (len(cfg.serving.image_keys) == 1, "serving.image_keys", list(cfg.serving.image_keys),
+         f"one key: {the_task} gives one camera ({task.image_key})"),
+    ]
+    for ok, key, value, expected in rules:
+        require(source, ok, key, value, expected)
 
 
 def _check_serving(sv: DictConfig, source: str) -> None:

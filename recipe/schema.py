@@ -2,7 +2,7 @@
 
 Each package below the recipe owns its section and the names its keys allow (`data/config.py`,
 `models/config.py`, `optim/config.py`); the sections of the packages above it (`train/`,
-`inference/`: common, training, system, logging, resume, finetune, serving) live here, because
+`inference/`: common, training, system, logging, resume, finetune, serving, evaluation) live here, because
 both of them read the recipe and neither may import the other. Nothing here imports torch.
 """
 from dataclasses import dataclass, field
@@ -16,6 +16,8 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 """system.speed.matmul_precision: torch.set_float32_matmul_precision's names."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 """system.log_level."""
+RUNNERS = ("trainer", "follower")
+"""evaluation.runner."""
 
 
 @dataclass
@@ -214,6 +216,35 @@ class ServingConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    """Closed-loop evaluation during training (TRAINING.md, "Closed-loop evaluation during training")."""
+    task: Optional[str] = None
+    """A data.sim_env task (transfer_cube, insertion, pusht) the saved checkpoints are rolled out in; null: no
+    evaluation."""
+    interval: int = 0
+    """Steps between evaluations: a positive multiple of system.save_interval when task is set (an evaluation
+    runs on the checkpoint saved at that step)."""
+    episodes: int = 50
+    """Policy episodes per evaluation, on the seeds seed, seed + 1, ..."""
+    seed: Optional[int] = None
+    """First evaluation seed; null: the first of data.sim_env.EVAL_SEEDS (every seed must lie in that range,
+    never a demonstration seed)."""
+    workers: int = 2
+    """Rollout worker processes (each runs its own simulator)."""
+    videos: int = 1
+    """mp4s of the first N policy episodes, kept in the report; the first is logged as eval/video."""
+    replan: Optional[int] = None
+    """Steps executed per action chunk; null: the whole chunk."""
+    episode_steps: Optional[int] = None
+    """Episode cap; null: the task's registered cap (inference.rollout --steps)."""
+    device: str = "cpu"
+    """The device the evaluated checkpoint is served on: cpu, or cuda:N on a GPU node."""
+    runner: str = "trainer"
+    """trainer: rank 0 starts inference.rollout as a child process after each due save; follower: an external
+    `python -m inference.follow RUN_DIR` job evaluates and the trainer only reads and logs its records."""
+
+
+@dataclass
 class Config:
     common: CommonConfig = field(default_factory=CommonConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -224,3 +255,4 @@ class Config:
     resume: ResumeConfig = field(default_factory=ResumeConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)

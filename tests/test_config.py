@@ -86,7 +86,8 @@ CONDITIONAL = {
     "system.speed.cuda_graphs_token_multiple": "system.speed.cuda_graphs on (a GPU switch)",
 }
 # Sections that training never reads, and the command that does.
-CONDITIONAL_SECTIONS = {"serving.": "python -m inference.serve (tests/test_serve.py)"}
+CONDITIONAL_SECTIONS = {"serving.": "python -m inference.serve (tests/test_serve.py)",
+                        "evaluation.": "evaluation.task set (tests/test_train_evaluation.py)"}
 
 
 def test_every_schema_key_is_read_by_code(tmp_path):

@@ -27,6 +27,7 @@ from checkpoint import disk  # noqa: E402
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
 from checkpoint.state import Document, PerRank, RandomState, Registry, Shared, Stateful  # noqa: E402
 from recipe.config import config_stem, load_config, save_config  # noqa: E402
+from train.evaluation import Evaluator  # noqa: E402
 from train.launch_checks import check_launch  # noqa: E402
 from train.engine import Engine  # noqa: E402
 from train.launch import make_accelerator, make_engine  # noqa: E402
@@ -168,6 +169,8 @@ class Training:
     guard: NonFiniteGuard
     checkpointer: Checkpointer
     metrics: Metrics
+    evaluator: Evaluator
+    """Closed-loop evaluation of saved checkpoints beside training (rank 0; a no-op without evaluation.task)."""
     samples_per_step: int
     """Samples of one optimizer update over every rank."""
 
@@ -239,12 +242,13 @@ def setup(args: argparse.Namespace) -> Training:
             assert edits is not None  # checked above whenever the run resumes
             restore(checkpointer, resume_from, state, cfg, edits)
         metrics = dist.fail_together(Metrics, cfg, run_dir, dist.is_main(), state.step, cfg.logging.report_to)
+        evaluator = dist.fail_together(Evaluator, cfg, run_dir, metrics, dist.is_main())
     except dist.StartupError as e:
         dist.die(e)
     log.info("run directory: %s", run_dir)
     t = cfg.training
     return Training(cfg, run_dir, engine, encoders, stream, build_val_loader(val_set, cfg, dist.rank(), world_size),
-                    stats, schedule, state, guard, checkpointer, metrics,
+                    stats, schedule, state, guard, checkpointer, metrics, evaluator,
                     samples_per_step=t.batch_size * t.gradient_accumulation_steps * world_size)
 
 
@@ -280,6 +284,7 @@ def log_step(t: Training, step: int, out: StepOutput, window: Window, last: bool
                          step_time=elapsed / window.steps, skipped=t.stream.skipped)
     t.metrics.log(record)
     t.metrics.progress(step, record)
+    t.evaluator.poll()  # log the evaluations that ended, at their checkpoints' steps
     return Window()
 
 
@@ -300,7 +305,9 @@ def train(t: Training, preemption: PreemptionFlag) -> int:
         window = log_step(t, step, out, window, last)
         t.guard.check()  # too many non-finite steps in a row: stop without saving
         preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
-        t.checkpointer.maybe_save(step, last, preempted)
+        saved = t.checkpointer.maybe_save(step, last, preempted)
+        if saved is not None:
+            t.evaluator.after_save(step, saved)  # a due checkpoint's evaluation starts beside training
         if preempted:
             log.warning("preempted (%s): saved step %d, exiting with %d for requeue",
                         preemption.signal, step, REQUEUE_EXIT_CODE)
@@ -309,11 +316,13 @@ def train(t: Training, preemption: PreemptionFlag) -> int:
 
 
 def finish(t: Training, code: int) -> NoReturn:
-    """The one way out of a run that started: close the logs, say where everything is, leave."""
+    """The one way out of a run that started: wait for (or, preempted, stop) the running evaluation,
+    close the logs, say where everything is, leave."""
+    dist.shutdown()  # first: the other ranks do not wait in its barrier for the last evaluation
+    t.evaluator.close(preempted=code == REQUEUE_EXIT_CODE)
     t.metrics.close()
     if code == 0 and dist.is_main():
         print_summary(t.run_dir, t.cfg, t.state.step)
-    dist.shutdown()
     dist.leave(code)
 
 

@@ -58,11 +58,16 @@ class Metrics:
         self.progress_display: Progress | None = None
         self._warned_strip = False
         self.lines_lost = 0  # metrics.jsonl records not written in this process (a full disk)
+        self.step = start_step  # the last training step logged: wandb's current step
         self._failing: dict[str, int] = {}  # sink -> writes failed since it last worked
         if not enabled:
             return
         if report_to in ("wandb", "all"):  # first: it may stop for missing credentials
             self.wandb = init_wandb(cfg, run_dir)
+            # an evaluation is logged when it ends, at its checkpoint's earlier step, and wandb's own step
+            # only grows: the eval/* charts take eval/step as their x-axis instead
+            self.wandb.define_metric("eval/step")
+            self.wandb.define_metric("eval/*", step_metric="eval/step")
         rewind_metrics(self.path, start_step)
         if report_to in ("tensorboard", "all"):
             from torch.utils.tensorboard import SummaryWriter
@@ -81,7 +86,7 @@ class Metrics:
             record = {**record, "metrics_lines_lost": self.lines_lost}
         if not self._try(self.path, append_line, self.path, json.dumps(record) + "\n"):
             self.lines_lost += 1
-        step = record["step"]
+        step = self.step = record["step"]
         flat = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
         flat.update({f"lr/{name}": lr for name, lr in record.get("lr", {}).items()})
         if self.tb:
@@ -144,11 +149,45 @@ class Metrics:
         if self.tb:
             self._try("TensorBoard", self._tb_video, step, name, frames, fps)
         if self.wandb:
-            import wandb
+            self._try("wandb", lambda: self.wandb.log({name: wandb_video(frames, fps)}, step=step))
 
-            from utils.video_file import encode_mp4  # PyAV: only when a video is logged
-            self._try("wandb", lambda: self.wandb.log(
-                {name: wandb.Video(io.BytesIO(encode_mp4(frames, fps)), format="mp4")}, step=step))
+    def log_evaluation(self, step: int, figures: dict[str, float | str], video: str | None = None) -> None:
+        """A closed-loop evaluation of the checkpoint saved at `step`, logged at that step although training
+        is past it when the evaluation ends: `figures` eval/* name -> number, or eval/error -> its message
+        (TensorBoard text); `video` one episode's mp4 file, logged as eval/video."""
+        if not self.enabled:
+            return
+        if not self._try(self.path, append_line, self.path, json.dumps({"step": step, **figures}) + "\n"):
+            self.lines_lost += 1
+        clip = None
+        if video is not None:
+            from utils.video_file import read_mp4  # PyAV: only when a video is logged
+
+            try:
+                clip = read_mp4(video)
+            except (OSError, ValueError) as e:  # the figures are logged all the same
+                log.warning("the evaluation video %s of step %d cannot be read (%s); not logged", video, step, e)
+        if self.tb:
+            self._try("TensorBoard", self._tb_evaluation, step, figures, clip)
+        if self.wandb:
+            self._try("wandb", self._wandb_evaluation, step, figures, clip)
+
+    def _tb_evaluation(self, step: int, figures: dict[str, float | str],
+                       clip: tuple[np.ndarray, float] | None) -> None:
+        for name, value in figures.items():
+            if isinstance(value, str):
+                self.tb.add_text(name, value, step)
+            else:
+                self.tb.add_scalar(name, value, step)
+        if clip is not None:
+            self._tb_video(step, "eval/video", *clip)
+
+    def _wandb_evaluation(self, step: int, figures: dict[str, float | str],
+                          clip: tuple[np.ndarray, float] | None) -> None:
+        row: dict[str, Any] = {**figures, "eval/step": step}
+        if clip is not None:
+            row["eval/video"] = wandb_video(*clip)
+        self.wandb.log(row, step=self.step)  # at wandb's current step: an earlier one would be dropped
 
     def _tb_video(self, step: int, name: str, frames: np.ndarray, fps: float) -> None:
         try:
@@ -174,6 +213,15 @@ class Metrics:
         if self.lines_lost:
             log.warning("!!! %d records of this run are missing from %s: their writes failed (see the "
                         "warnings above); the checkpoints are unaffected", self.lines_lost, self.path)
+
+
+def wandb_video(frames: np.ndarray, fps: float) -> Any:
+    """uint8 [T, H, W, 3] frames as a wandb.Video: an H.264 mp4, which browsers play."""
+    import wandb
+
+    from utils.video_file import encode_mp4  # PyAV: only when a video is logged
+
+    return wandb.Video(io.BytesIO(encode_mp4(frames, fps)), format="mp4")
 
 
 def append_line(path: str, line: str) -> None:

@@ -1,5 +1,6 @@
 """Writing mp4 files through PyAV: the one encoder behind dataset writers, evaluation reports and the
-videos sent to wandb. (Reading frames by timestamp is data/video.py's job.)"""
+videos sent to wandb; reading a whole short clip back (`read_mp4`) for the metrics. (Reading frames by
+timestamp is data/video.py's job.)"""
 import contextlib
 import fractions
 import io
@@ -92,3 +93,14 @@ def encode_mp4(frames: np.ndarray, fps: float) -> bytes:
         encoder.write(rgb)
     encoder.close()
     return buffer.getvalue()
+
+
+def read_mp4(path: str) -> tuple[np.ndarray, float]:
+    """Every frame of a short video file as uint8 [T, H, W, 3], and its frame rate."""
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
+        fps = float(stream.average_rate or stream.guessed_rate or 0)
+    if not frames or fps <= 0:
+        raise ValueError(f"{path}: no frames or no frame rate in its video stream")
+    return np.stack(frames), fps
