@@ -175,8 +175,9 @@ class Evaluator:
     def after_save(self, step: int, path: str) -> None:
         """Start (or queue) the evaluation of checkpoint `path` if `step` is due (a multiple of
         evaluation.interval, or the run's last step, as inference.follow decides); never blocks."""
-        due = step % self.cfg.interval == 0 or step == self.last_step
-        if not self.enabled or self.cfg.runner != "trainer" or not due:
+        if not self.enabled or self.cfg.runner != "trainer":
+            return
+        if step % self.cfg.interval and step != self.last_step:  # not due
             return
         self._reap()
         if evaluations.read_report(path) is not None:  # a rewound run reached a step it evaluated before
