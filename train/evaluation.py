@@ -185,17 +185,17 @@ class Evaluator:
         try:
             evaluations.begin_evaluation(path, self.owner)  # retention keeps it while it waits and runs
         except FileNotFoundError:
-            log.warning("evaluation: %s is gone; not evaluated", path)
+            log.warning("%s is gone; not evaluated", path)
             return
         if self.running is None:
             self._start(path)
             return
         if self.waiting is not None:
-            log.info("evaluation: %s is not evaluated: %s is newer and waits in its place",
+            log.info("%s is not evaluated: %s is newer and waits in its place",
                      os.path.basename(self.waiting), os.path.basename(path))
             evaluations.end_evaluation(self.waiting)
         self.waiting = path
-        log.info("evaluation: %s waits for the evaluation of %s", os.path.basename(path),
+        log.info("%s waits for the evaluation of %s", os.path.basename(path),
                  os.path.basename(self.running.checkpoint))
 
     def poll(self) -> None:
@@ -214,13 +214,13 @@ class Evaluator:
         if preempted:
             self._stop_running("the run is preempted")
         while self.running is not None:
-            log.info("evaluation: training is done; waiting for the evaluation of %s (its log: %s)",
+            log.info("training is done; waiting for the evaluation of %s (its log: %s)",
                      os.path.basename(self.running.checkpoint), self.running.log_path)
             self.running.wait()
             self._reap()
         self._log_new_records()
         if self.cfg.runner == "follower":
-            log.info("evaluation: the follower's reports that land from now on stay in the checkpoint folders "
+            log.info("the follower's reports that land from now on stay in the checkpoint folders "
                      "(eval/report.json); this run no longer logs them")
         self._stop_heartbeat.set()
         atexit.unregister(self._stop_at_exit)
@@ -228,7 +228,7 @@ class Evaluator:
     # ---- the child ----------------------------------------------------------------------------
     def _start(self, checkpoint: str) -> None:
         if not os.path.isdir(checkpoint):
-            log.warning("evaluation: %s is gone; not evaluated", checkpoint)
+            log.warning("%s is gone; not evaluated", checkpoint)
             return
         remove_partial(checkpoint)  # an interrupted rollout's, before a new one writes there
         cmd = evaluations.rollout_command(checkpoint, self.cfg, sys.executable)
@@ -239,7 +239,7 @@ class Evaluator:
             self._failed(checkpoint, f"inference.rollout could not be started: {e}")
             evaluations.end_evaluation(checkpoint)
             return
-        log.info("evaluation: started on %s (%d episodes of %s; log: %s)", os.path.basename(checkpoint),
+        log.info("started on %s (%d episodes of %s; log: %s)", os.path.basename(checkpoint),
                  self.cfg.episodes, self.cfg.task, self.running.log_path)
 
     def _reap(self, start_next: bool = True) -> None:
@@ -270,7 +270,7 @@ class Evaluator:
         if self.running is None:
             return
         stopped, self.running, self.waiting = self.running, None, None
-        log.warning("evaluation: stopping the evaluation of %s (%s); the resumed run evaluates it again",
+        log.warning("stopping the evaluation of %s (%s); the resumed run evaluates it again",
                     os.path.basename(stopped.checkpoint), why)
         stopped.stop()
         remove_partial(stopped.checkpoint)
@@ -298,7 +298,7 @@ class Evaluator:
                        and os.path.exists(os.path.join(c, evaluations.EVALUATING))]
         if not interrupted:
             return
-        log.info("evaluation: evaluating again what the previous run left unfinished: %s",
+        log.info("evaluating again what the previous run left unfinished: %s",
                  ", ".join(os.path.basename(c) for c in interrupted))
         for skipped in interrupted[1:-1]:
             evaluations.end_evaluation(skipped)
@@ -337,7 +337,7 @@ class Evaluator:
         try:
             figures = figures_of(report)
         except (KeyError, TypeError, ValueError) as e:
-            log.warning("evaluation: %s lacks %s; not logged", evaluations.report_path(checkpoint), e)
+            log.warning("%s lacks %s; not logged", evaluations.report_path(checkpoint), e)
             return False
         rows = report["results"]["policy"].get("per_episode", [])
         video = next((row["video"] for row in rows if "video" in row), None)

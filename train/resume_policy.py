@@ -89,6 +89,8 @@ RULES = (
     Rule("resume.*", EFFECT),
     Rule("finetune.*", LOGGED, "read only when a run starts from scratch: a resumed run keeps its own weights"),
     Rule("serving.*", EFFECT),
+    Rule("evaluation.*", LOGGED, "the evaluations from the resumed step on use it; the reports already in the "
+         "checkpoints' folders stay as they are (not redone)"),
 )
 QUIET = ("resume.checkpoint_path",)  # what makes a run a resume: not an edit worth listing
 
