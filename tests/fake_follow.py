@@ -35,10 +35,10 @@ def rollout(argv):
     args, _ = p.parse_known_args(argv)
     step = int(args.checkpoint.rsplit("_", 1)[1])
     plan = json.loads(os.environ["FAKE_PLAN"])[str(step)]
-    event("start", step, argv)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(args.out)}.partial_", dir=os.path.dirname(args.out))
     open(os.path.join(tmp, "server.log"), "w").write("serving on ws://127.0.0.1:1\n")
-    try:
+    try:  # "start" inside: a stop the test sends once it reads "start" always ends in "stopped"
+        event("start", step, argv)
         time.sleep(plan["seconds"])
     except KeyboardInterrupt:
         shutil.rmtree(tmp)
