@@ -332,11 +332,13 @@ def test_a_follower_s_records_are_logged_and_nothing_is_started(stand_in):
          "eval/mean_max_reward": 2.0, "eval/episodes": 2},
         {"step": 9, "eval/error": "the follower's server did not start"}]
 
-    disabled = Evaluator(cfg, stand_in.dir, Metrics(cfg, stand_in.dir, False, 0, "none"), False)  # rank 1
-    disabled.after_save(13, stand_in.ckpt(13))
-    disabled.poll()
-    disabled.close(preempted=True)
-    assert len(stand_in.records()) == 2
+    off = load_config("configs/tiny.yaml")  # evaluation.task null (interval 0) on rank 0, then any cfg on rank 1
+    for disabled in (Evaluator(off, stand_in.dir, Metrics(off, stand_in.dir, True, 13, "none"), True),
+                     Evaluator(cfg, stand_in.dir, Metrics(cfg, stand_in.dir, False, 0, "none"), False)):
+        disabled.after_save(13, stand_in.ckpt(13))
+        disabled.poll()
+        disabled.close(preempted=True)
+    assert len(stand_in.records()) == 2 and stand_in.evaluating() == []
 
 
 # --- training with evaluation, for real -----------------------------------------------------------

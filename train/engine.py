@@ -3,7 +3,7 @@ or DDP (train/ddp_engine.py); train/launch.py builds the one a launch asks for.
 
 Both own the micro-step / optimizer-step split, so that gradient accumulation, clipping, the lr schedule,
 the skip of a non-finite step and the EMA update behave the same in both. Both are the checkpoint part
-"engine" (checkpoint/state.py): model and optimizer state, the ZeRO layout and the EMA, in one folder.
+in the folder `ENGINE_DIR` (checkpoint/files.py): model and optimizer state, the ZeRO layout and the EMA.
 The EMA of whole parameters (DDP, DeepSpeed stage 0) is saved here; ZeRO's partitioned one by
 train/deepspeed_engine.py.
 """
@@ -130,7 +130,7 @@ class Engine(ABC):
     def eval(self) -> None:
         self.model.eval()
 
-    # --- the checkpoint part "engine" ----------------------------------------------------------
+    # --- the checkpoint part (the folder ENGINE_DIR) -----------------------------------------------
     def save(self, folder: str) -> None:
         """Collective: every rank writes its part of the model and optimizer state into `folder`, with
         the layout that lets a checkpoint move to another world size (checkpoint/zero.py), and the EMA."""

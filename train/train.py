@@ -25,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from checkpoint import disk  # noqa: E402
 from checkpoint.checkpointer import Checkpointer  # noqa: E402
+from checkpoint.files import CONFIG_YAML, ENGINE_DIR  # noqa: E402
+from models.folder import NORM_STATS  # noqa: E402
 from checkpoint.state import Document, PerRank, RandomState, Registry, Shared, Stateful  # noqa: E402
 from recipe.config import config_stem, load_config, save_config  # noqa: E402
 from train.evaluation import Evaluator  # noqa: E402
@@ -110,7 +112,7 @@ def open_run_dir(run_dir: str, cfg: DictConfig, checkpointer: Checkpointer) -> N
     """Rank 0 writes the run's config.yaml and clears the saves a kill interrupted."""
     if dist.is_main():
         os.makedirs(run_dir, exist_ok=True)
-        save_config(cfg, os.path.join(run_dir, "config.yaml"))
+        save_config(cfg, os.path.join(run_dir, CONFIG_YAML))
     checkpointer.remove_interrupted_saves()
 
 
@@ -120,14 +122,14 @@ def checkpoint_parts(cfg: DictConfig, engine: Engine, state: TrainerState, strea
     The engine (weights, optimizer, EMA) is not restored with resume.reset_optimizer (the weights were
     loaded at build), the lr schedule not with resume.reset_scheduler (it starts again)."""
     parts = Registry()
-    parts.register("engine", engine, restore=not cfg.resume.reset_optimizer)
+    parts.register(ENGINE_DIR, engine, restore=not cfg.resume.reset_optimizer)
     parts.register("trainer_state", Shared(state))
     parts.register("data", Shared(stream))
     parts.register("schedule", Shared(schedule), restore=not cfg.resume.reset_scheduler)
     parts.register("rng", PerRank(RandomState()))  # after every part that may draw while it loads
-    parts.register("config.yaml", Document(lambda path: disk.fsync_write(path, OmegaConf.to_yaml(cfg))))
+    parts.register(CONFIG_YAML, Document(lambda path: disk.fsync_write(path, OmegaConf.to_yaml(cfg))))
     if stats is not None:
-        parts.register("norm_stats.json", Document(stats.save))
+        parts.register(NORM_STATS, Document(stats.save))
     return parts
 
 
