@@ -31,12 +31,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from checkpoint import evaluations
-from data.sim_env import TASKS
+from checkpoint.files import CONFIG_YAML
 from checkpoint.layout import _step_of, complete_checkpoints, is_complete
+from data.sim_env import TASKS
+from utils.child import bound_to_parent
 
 log = logging.getLogger("follow")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = "config.yaml"
 STOP_GRACE_S = 60
 """How long a stopped rollout has to stop its server and workers and remove its temporary folder."""
 SETTINGS = {"task": str, "episodes": int, "seed": int, "workers": int, "videos": int, "replan": int,
@@ -65,7 +66,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def read_config(run_dir: str) -> DictConfig | None:
     """The run's config.yaml (the trainer writes it at its start), or None before it exists."""
-    path = os.path.join(run_dir, CONFIG)
+    path = os.path.join(run_dir, CONFIG_YAML)
     if not os.path.isfile(path):
         return None
     cfg = OmegaConf.load(path)
@@ -83,7 +84,7 @@ def settings(cfg: DictConfig, args: argparse.Namespace, run_dir: str) -> dict[st
     ev.update({key: getattr(args, key) for key in SETTINGS if getattr(args, key) is not None})
     for key in ("task", "episodes"):
         if ev[key] is None:
-            raise FollowError(f"{os.path.join(run_dir, CONFIG)} sets no evaluation.{key}: pass "
+            raise FollowError(f"{os.path.join(run_dir, CONFIG_YAML)} sets no evaluation.{key}: pass "
                               f"--{key.replace('_', '-')}")
     if ev["task"] not in TASKS:
         raise FollowError(f"evaluation.task / --task {ev['task']!r}: expected one of {', '.join(sorted(TASKS))}")
@@ -97,7 +98,7 @@ def settings(cfg: DictConfig, args: argparse.Namespace, run_dir: str) -> dict[st
 def max_steps(cfg: DictConfig, run_dir: str) -> int:
     steps = OmegaConf.select(cfg, "training.max_steps")
     if not isinstance(steps, int):
-        raise FollowError(f"{os.path.join(run_dir, CONFIG)}: training.max_steps is {steps!r}; expected the "
+        raise FollowError(f"{os.path.join(run_dir, CONFIG_YAML)}: training.max_steps is {steps!r}; expected the "
                           "step the run ends at (an integer)")
     return steps
 
@@ -120,8 +121,8 @@ class Rollout:
 
     def __init__(self, checkpoint: str, ev: dict[str, Any]) -> None:
         self.cmd = evaluations.rollout_command(checkpoint, ev, sys.executable)
-        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self.proc = bound_to_parent(self.cmd, signal.SIGINT, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.tail: collections.deque[str] = collections.deque(maxlen=15)
         self.reader = threading.Thread(target=self._copy, daemon=True)
         self.reader.start()
@@ -213,10 +214,10 @@ def follow(args: argparse.Namespace) -> int:
         cfg = read_config(args.run_dir)
         if cfg is None:
             if args.once:
-                raise FollowError(f"{os.path.join(run_dir, CONFIG)} does not exist: is '{run_dir}' a run folder "
+                raise FollowError(f"{os.path.join(run_dir, CONFIG_YAML)} does not exist: is '{run_dir}' a run folder "
                                   "(the trainer writes it there when it starts)?")
             if not waiting:
-                log.info("waiting for %s (the trainer writes it when it starts)", os.path.join(run_dir, CONFIG))
+                log.info("waiting for %s (the trainer writes it when it starts)", os.path.join(run_dir, CONFIG_YAML))
                 waiting = True
             time.sleep(args.poll_seconds)
             continue
@@ -225,7 +226,7 @@ def follow(args: argparse.Namespace) -> int:
                 and not warned:
             log.warning("%s sets evaluation.runner trainer: the trainer evaluates its checkpoints itself; this "
                         "follower takes those it has not begun (a live marker keeps the two apart)",
-                        os.path.join(run_dir, CONFIG))
+                        os.path.join(run_dir, CONFIG_YAML))
             warned = True
         todo = pending(run_dir, ev, last_step, failed)
         for checkpoint in todo:

@@ -8,6 +8,7 @@ state, a "str" entry the instruction. The task gives one camera, one state and o
 that asks for anything else is refused naming both sides.
 """
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Dict, Tuple
 
+from utils.child import bound_to_parent
 from utils.dist import free_port
 
 if TYPE_CHECKING:
@@ -86,8 +88,8 @@ class ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._log = open(self.log_path, "w")
         # its own session: a Ctrl-C reaches the rollout, which stops the server itself
-        self.proc = subprocess.Popen(self.cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+        self.proc = bound_to_parent(self.cmd, signal.SIGTERM, cwd=root, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
         ready = threading.Event()
         self._reader = threading.Thread(target=self._copy_output, args=(ready,), daemon=True)
         self._reader.start()

@@ -40,6 +40,7 @@ from omegaconf import DictConfig
 
 from checkpoint import evaluations
 from checkpoint.layout import _step_of, complete_checkpoints
+from utils.child import bound_to_parent
 from utils.metrics import Metrics
 
 log = logging.getLogger("evaluation")
@@ -70,8 +71,9 @@ class Rollout:
         self._log: IO[str] = open(log_path, "a")
         self._log.write(f"$ {' '.join(cmd)}\n")
         self._log.flush()
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        # SIGINT if the trainer is killed outright: the rollout stops its server and workers as on stop()
+        self.proc = bound_to_parent(cmd, signal.SIGINT, cwd=ROOT, env=child_env(), stdout=self._log,
+                                    stderr=subprocess.STDOUT)
 
     def finished(self) -> bool:
         return self.proc.poll() is not None
