@@ -19,8 +19,9 @@ CHILD = ("import os, sys, time\ntry:\n    open(sys.argv[1] + '.tmp', 'w').close(
          "except KeyboardInterrupt:\n    open(sys.argv[2], 'w').write('stopped')\n")
 
 
-def start_parent(tmp_path, how: str) -> tuple[subprocess.Popen, psutil.Process]:
-    """A parent (as the trainer's rank 0) that starts CHILD `how` and then waits; returns it and the child."""
+def start_parent(tmp_path, how: str, background: bool = False) -> tuple[subprocess.Popen, psutil.Process]:
+    """A parent (as the trainer's rank 0) that starts CHILD `how` and then waits; returns it and the child.
+    `background`: the parent ignores SIGINT, as a shell's background job (`nohup ... &`, CI) does."""
     ready, stopped = tmp_path / "ready", tmp_path / "stopped"
     starts = {
         "bound": "from utils.child import bound_to_parent\n"
@@ -32,8 +33,9 @@ def start_parent(tmp_path, how: str) -> tuple[subprocess.Popen, psutil.Process]:
     parent = ("import signal, subprocess, sys, time\n"
               f"cmd = [sys.executable, '-c', {CHILD!r}, {str(ready)!r}, {str(stopped)!r}]\n" + starts[how] +
               "print(child.pid, flush=True)\ntime.sleep(600)\n")
+    sigint = signal.SIG_IGN if background else signal.SIG_DFL
     proc = subprocess.Popen([sys.executable, "-c", parent], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+                            env={**os.environ, "PYTHONPATH": ROOT}, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
     assert proc.stdout is not None
     child = psutil.Process(int(proc.stdout.readline()))
     for _ in range(600):  # a hang guard: the child is ready within seconds
@@ -46,8 +48,9 @@ def start_parent(tmp_path, how: str) -> tuple[subprocess.Popen, psutil.Process]:
 
 
 @pytest.mark.parametrize("how", ["bound", "rollout"])
-def test_a_child_gets_its_signal_when_the_parent_is_killed(tmp_path, how):
-    proc, child = start_parent(tmp_path, how)
+@pytest.mark.parametrize("background", [False, True])
+def test_a_child_gets_its_signal_when_the_parent_is_killed(tmp_path, how, background):
+    proc, child = start_parent(tmp_path, how, background)
     proc.kill()  # SIGKILL: no handler, no atexit runs in the parent
     proc.wait()
     _, alive = psutil.wait_procs([child], timeout=60)  # a hang guard: it goes within a second

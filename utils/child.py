@@ -10,6 +10,11 @@ the resumed run's rollout of the same checkpoint.
 
 The kernel sends the signal when the *thread* that started the child ends: start children from the
 main thread (every caller here does).
+
+The child also gets `on_parent_death` back at its default action, since that is the signal it is
+stopped with: a shell starts a background job (`nohup ... &`, a CI runner's script) with SIGINT
+ignored, every descendant inherits that across exec, and a rollout that ignores SIGINT can only be
+killed after a grace period, its server and workers left to the same fate.
 """
 import ctypes
 import ctypes.util
@@ -33,11 +38,13 @@ _PRCTL = _load_prctl()  # resolved here: the child, between fork and exec, only 
 
 
 def bound_to_parent(cmd: Sequence[str], on_parent_death: signal.Signals, **popen: Any) -> "subprocess.Popen[Any]":
-    """`subprocess.Popen(cmd, **popen)` in a new session; on Linux the child receives `on_parent_death`
-    when this process dies, however it dies (choose the signal the child stops cleanly on)."""
+    """`subprocess.Popen(cmd, **popen)` in a new session, with `on_parent_death` not ignored; on Linux the
+    child receives it when this process dies, however it dies (choose the signal the child stops cleanly
+    on, the one its parent stops it with)."""
     parent = os.getpid()
 
-    def bind() -> None:  # runs in the child, before exec; the setting survives exec
+    def bind() -> None:  # runs in the child, before exec; both settings survive exec
+        signal.signal(on_parent_death, signal.SIG_DFL)
         if _PRCTL is not None:
             _PRCTL(PR_SET_PDEATHSIG, int(on_parent_death))
         if os.getppid() != parent:  # the parent died before the call: no signal will come
