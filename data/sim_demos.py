@@ -12,9 +12,12 @@ frame costs ~90 ms on a CPU, a physics step ~1 ms, so frames are rendered for ke
 Seeds are spread over --workers processes, each with its own env.
 
 Written under a temporary folder beside --out and renamed to --out at the end: --out never holds a
-half-written dataset, and an existing non-empty --out is refused.
+half-written dataset, and an existing non-empty --out is refused. `meta/sim_demos.json` records the
+task and the seed of each episode in episode order (LeRobot ignores the file): the scene, and so the
+object's start pose, follows from the seed alone, which benchmarks/pose_coverage.py uses.
 """
 import argparse
+import json
 import multiprocessing
 import os
 import shutil
@@ -29,6 +32,7 @@ from data.lerobot_writer import LeRobotWriter
 from data.sim_env import DEMO_SEEDS, SimEnv, SimTask, SimTaskError, check_seeds, get_task, make_env
 
 DEFAULT_IMAGE_SIZE = (192, 256)  # the top camera's 3:4 at configs/aloha_sim.yaml's video size
+PROVENANCE = "sim_demos.json"  # in meta/: the task and each episode's seed
 ATTEMPTS_PER_EPISODE = 2   # give up when the expert fails on more than half the seeds it is given
 _ENV: Dict[tuple, SimEnv] = {}  # per worker process: the env of (task, image size)
 
@@ -131,6 +135,9 @@ def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[in
                                         task.image_key: result["frames"]}, task.instruction)
                     kept.append(result)
         writer.close()
+        provenance = {"task": name, "seeds": [r["seed"] for r in kept], "image_size": list(image_size), "tail": tail}
+        with open(os.path.join(tmp, "meta", PROVENANCE), "w") as f:
+            json.dump(provenance, f, indent=1)
         if os.path.isdir(out):  # empty (check_out): replaced by the finished dataset
             os.rmdir(out)
         os.rename(tmp, out)

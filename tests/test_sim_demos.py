@@ -71,6 +71,8 @@ def test_written_folder_loads_with_the_replayed_values_and_frames(demos, tmp_pat
     info = json.load(open(out / "meta" / "info.json"))
     assert info["codebase_version"] == "v3.0" and info["fps"] == 50 and info["total_episodes"] == 2
     assert info["features"]["observation.images.top"]["shape"] == [H, W, 3]
+    provenance = json.load(open(out / "meta" / "sim_demos.json"))
+    assert provenance == {"task": "transfer_cube", "seeds": [3, 4], "image_size": [H, W], "tail": 4}
     cfg = config_from(tmp_path, {
         "common": {"action_dim": 14, "state_dim": 14, "num_video_frames": 2, "video_height": H, "video_width": W,
                    "global_downsample_rate": 8, "video_action_freq_ratio": 2},
