@@ -64,7 +64,6 @@ def fit_frames(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-
 def compose_frames(views: Sequence[np.ndarray], layout: str, height: int, width: int) -> torch.Tensor:
     """The cameras (uint8 [T, h_i, w_i, 3] each, in dataset.image_keys order) -> the model's video
     float32 [T, 3, height, width] in [-1, 1]: the one place training, evaluation and serving build it."""

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("evaluate")
 
 
-
 def eval_dataset(cfg: "DictConfig", stats: "NormStats", dataset_dir: str | None = None) -> "EpisodeDataset":
     """The held-out episodes of the recipe's dataset (or every episode of `dataset_dir`), normalised with
     the checkpoint's statistics, as an EpisodeDataset with raw video (a latent cache is not used)."""

@@ -23,7 +23,6 @@ NETWORK = {"GLOO_SOCKET_IFNAME": "wmlink", "NPROC_PER_NODE": "1", "OMP_NUM_THREA
 TIMEOUT = 300
 
 
-
 @pytest.fixture(scope="module")
 def cluster_env(tmp_path_factory):
     """The environment that points local_cluster.sh at this module's state; the hosts are up."""

@@ -23,7 +23,6 @@ OVERRIDES = [o for o in FAST if o.split("=")[0] not in ("training.max_steps", "s
     "training.batch_size=2", "training.max_steps=8", "system.save_interval=4"]
 
 
-
 @pytest.fixture(scope="module")
 def slurm_env(tmp_path_factory):
     if os.geteuid() != 0:
