@@ -23,7 +23,9 @@ LeRobot counts steps, this loop counts the process's CPU time (user + system, ev
 are read in the same process, `num_workers=0`, so decoding is counted; saving is not) from the first
 step, and saves a checkpoint at each --marks CPU-minute, stopping at --cpu-minutes. Run it alone on the
 machine, as the recipe's timings were: threads waiting for a core a busy machine does not give them
-still spend CPU time (a step at 192x256 cost ~10 CPU-s with the load at 14 on 2 cores). ACT's chunk is 100
+still spend CPU time (a step at 192x256 cost ~10 CPU-s with the load at 14 on 2 cores), or with
+OMP_NUM_THREADS=1 beside other jobs: one thread has no others to wait for (2.7 CPU-s a step, the
+TRAINING.md figures). ACT's chunk is 100
 actions (`chunk_size` = `n_action_steps` = 100, executed open loop as LeRobot's evaluation does), the
 batch 8. ACT reads the frames at the size the demonstrations hold them: LeRobot builds its input
 features from meta/info.json, so assets/aloha_demos50's 192x256 is what the ResNet sees, with no
