@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from data.dataset import FixedWindows, TrainDraws
+from data.worker_signals import worker_init_fn, workers_started_blocked
 from utils.batch import DataBatch
 from utils.window_source import WindowSource
 
@@ -92,7 +93,8 @@ class TrainStream:
 
     def __next__(self) -> DataBatch:
         if self._iterator is None:
-            self._iterator = iter(self._loader())
+            with workers_started_blocked():
+                self._iterator = iter(self._loader())
         batch = next(self._iterator)
         self.batches += 1
         return self.bad.take(batch)
@@ -101,7 +103,7 @@ class TrainStream:
         sampler = _BatchNumbers(self.batches, self.rank, self.world_size, self.batch_size, self.offset)
         return torch.utils.data.DataLoader(
             self.draws, batch_sampler=sampler, num_workers=self.num_workers, collate_fn=collate_reporting,
-            pin_memory=self.pin_memory and torch.cuda.is_available(),
+            pin_memory=self.pin_memory and torch.cuda.is_available(), worker_init_fn=worker_init_fn,
             prefetch_factor=2 if self.num_workers else None)
 
     @property
@@ -152,6 +154,9 @@ class ValLoader:
 
     def __iter__(self) -> Iterator[DataBatch]:
         loader = torch.utils.data.DataLoader(self.data, batch_size=self.batch_size, shuffle=False,
-                                             num_workers=self.num_workers, collate_fn=collate_reporting)
-        for batch in loader:
+                                             num_workers=self.num_workers, collate_fn=collate_reporting,
+                                             worker_init_fn=worker_init_fn)
+        with workers_started_blocked():
+            batches = iter(loader)
+        for batch in batches:
             yield self.bad.take(batch)
