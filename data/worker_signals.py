@@ -20,7 +20,7 @@ import signal
 import threading
 from typing import Iterator
 
-_SCHEDULER_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
+from utils.child import PREEMPTION_SIGNALS
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 def worker_init_fn(worker_id: int) -> None:
     """Run in each DataLoader worker before it loads anything (the DataLoader's `worker_init_fn`)."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_BLOCK, _SCHEDULER_SIGNALS)  # already, where workers_started_blocked forked it
+    signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)  # already, where workers_started_blocked forked it
     threading.Thread(target=_take_sigterm, args=(os.getppid(),), name=f"sigterm-{worker_id}", daemon=True).start()
 
 
@@ -43,9 +43,9 @@ def _take_sigterm(parent: int) -> None:
 
 @contextlib.contextmanager
 def workers_started_blocked() -> Iterator[None]:
-    """Around `iter(loader)`: its workers are born with the scheduler's signals blocked. The rank's own
+    """Around `iter(loader)`: its workers are born with PREEMPTION_SIGNALS blocked. The rank's own
     copy of a signal arriving meanwhile waits, and its handler runs when the block is lifted."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SCHEDULER_SIGNALS)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
     try:
         yield
     finally:

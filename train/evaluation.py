@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 
 from checkpoint import evaluations
 from checkpoint.layout import _step_of, complete_checkpoints
-from utils.child import bound_to_parent
+from utils.child import PREEMPTION_SIGNALS, bound_to_parent
 from utils.metrics import Metrics
 
 log = logging.getLogger("evaluation")
@@ -90,7 +90,7 @@ class Rollout:
         with open(self.log_path, errors="replace") as f:
             lines = [line.strip() for line in f.readlines()[-100:] if line.strip()]
         if code < 0:
-            how = f"killed by {signal.Signals(-code).name}"
+            how = f"signal {signal.Signals(-code).name}"
         else:
             how = f"exit code {code}" if code else "exit code 0 without a report"
         last = lines[-1] if lines else "no output"
@@ -245,7 +245,8 @@ class Evaluator:
                  self.cfg.episodes, self.cfg.task, self.running.log_path)
 
     def _reap(self, start_next: bool = True) -> None:
-        """If the running evaluation ended: record a failure, release its marker, start the waiting one."""
+        """If the running evaluation ended: record a failure (not a scheduler's signal), release its marker, start
+        the waiting one."""
         if self.running is None or not self.running.finished():
             return
         done, self.running = self.running, None
@@ -253,8 +254,16 @@ class Evaluator:
         error = done.error()
         if error is not None:
             remove_partial(done.checkpoint)
-            self._failed(done.checkpoint, error)
-        evaluations.end_evaluation(done.checkpoint)
+        if error is not None and -done.proc.returncode in PREEMPTION_SIGNALS:
+            # the scheduler's signal to every process of the job, which preempts the trainer too: not
+            # the checkpoint's failure; its marker stays, and the resumed run evaluates it again
+            log.warning("the evaluation of %s was ended by %s from outside the trainer; it counts as interrupted "
+                        "and the resumed run evaluates it again", os.path.basename(done.checkpoint),
+                        signal.Signals(-done.proc.returncode).name)
+        else:
+            if error is not None:
+                self._failed(done.checkpoint, error)
+            evaluations.end_evaluation(done.checkpoint)
         if self.waiting is not None and start_next:
             waiting, self.waiting = self.waiting, None
             self._start(waiting)

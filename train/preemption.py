@@ -7,13 +7,15 @@ stopped on purpose with a fresh checkpoint and should be requeued with
 import signal
 from types import FrameType
 
+from utils.child import PREEMPTION_SIGNALS
+
 REQUEUE_EXIT_CODE = 75
 
 
 class PreemptionFlag:
     def __init__(self) -> None:
         self.signal: str | None = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in PREEMPTION_SIGNALS:
             signal.signal(sig, self._handler)
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:

@@ -26,6 +26,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# What a scheduler stops a job with (Slurm's preemption and time limit, scancel, pkill), often sent to
+# every process of the job: the trainer saves on them (train/preemption.py), and its children must not
+# turn them into a failure first (data/worker_signals.py, train/evaluation.py).
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def _load_prctl() -> "Callable[..., int] | None":
