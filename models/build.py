@@ -136,7 +136,7 @@ def size_table_model(cfg: DictConfig, num_layers: int | None = None) -> WorldMod
     """The WorldModel of `cfg` from the size table (optionally another depth), with random init:
     build it under `torch.device("meta")` or a FakeTensorMode to count or trace without memory."""
     size = get_size(cfg.model.size)
-    wan = dict(size.wan, num_layers=num_layers or size.num_layers)
+    wan = dict(size_table_wan(cfg, size), **({"num_layers": num_layers} if num_layers else {}))
     return WorldModel(model_spec(cfg, size, wan, size.vae)).apply_precision()
 
 
@@ -144,11 +144,23 @@ def _random(what: str, key: str, warn: bool = True) -> None:
     (log.warning if warn else log.info)("%s is null: %s built with RANDOM init from the size table", key, what)
 
 
+def size_table_wan(cfg: DictConfig, size: ModelSize) -> dict[str, Any]:
+    """Wan's kwargs for a video expert built fresh: the size table's, at model.wan.num_layers if set."""
+    depth = cfg.model.wan.num_layers
+    if depth is not None and cfg.model.wan.checkpoint_path is not None:
+        raise ModelLoadError(f"model.wan.num_layers is {depth} but model.wan.checkpoint_path is set: a checkpoint "
+                             "has its own depth; set num_layers to null")
+    if depth is not None and depth < 1:
+        raise ModelLoadError(f"model.wan.num_layers must be at least 1, got {depth}")
+    return dict(size.wan, num_layers=depth or size.num_layers)
+
+
 def build_video_expert(cfg: DictConfig, size: ModelSize) -> tuple["WanTransformer3DModel | None", dict[str, Any]]:
     path = cfg.model.wan.checkpoint_path
     if path is None:
         _random("the Wan video transformer", "model.wan.checkpoint_path", warn=cfg.model.size != "tiny")
-        return None, dict(size.wan)
+        return None, size_table_wan(cfg, size)
+    size_table_wan(cfg, size)  # refuses a depth beside a checkpoint
     video = load_wan_transformer(path, size, "model.wan.checkpoint_path")
     return video, dict(video.config)
 
@@ -211,7 +223,8 @@ def part_configs(cfg: DictConfig, size: ModelSize) -> tuple[dict[str, Any], dict
     from transformers import Qwen3VLForConditionalGeneration
 
     wan, vlm_path = cfg.model.wan, cfg.model.vlm.checkpoint_path
-    wan_config = (dict(size.wan) if wan.checkpoint_path is None
+    fresh = size_table_wan(cfg, size)  # first: refuses a depth beside a checkpoint before reading it
+    wan_config = (fresh if wan.checkpoint_path is None
                   else wan_transformer_config(wan.checkpoint_path, size, "model.wan.checkpoint_path"))
     vae_config = dict(size.vae) if wan.vae_path is None else wan_vae_config(wan.vae_path, size, "model.wan.vae_path")
     text_dim = (size.text_encoder["d_model"] if wan.text_encoder_path is None else

@@ -27,6 +27,9 @@ class WanConfig:
     text_encoder_path: Optional[str] = None
     """umT5: a local folder with `UMT5EncoderModel` weights + tokenizer, or Wan's
     `models_t5_umt5-xxl-enc-bf16.pth` (its tokenizer in google/umt5-xxl/ beside it)."""
+    num_layers: Optional[int] = None
+    """Depth of a video expert built from the size table (checkpoint_path null), and so of the action and
+    understanding experts (one joint attention per layer); null: the size's. A checkpoint has its own."""
     text_cache_mb: float = 256
     """MiB of device memory the umT5 embeddings of recent instructions may hold (raw data: each new
     instruction is encoded once, then read from this cache; least recently used evicted first). An entry is

@@ -381,3 +381,14 @@ def test_training_from_a_latent_cache_builds_only_the_vae(tiny_yaml, tiny, tmp_p
                                                   f"model.vlm.checkpoint_path={tmp_path}/nowhere"]))
     with pytest.raises(ValueError, match="holds 'vae'"):
         build_world_model(cached_cfg, frozen_parts=("text_encoder",))
+
+
+def test_the_depth_of_a_fresh_model_is_set_by_model_wan_num_layers(tiny_yaml, tiny, tmp_path):
+    """Every expert gets the depth (one joint attention per layer); a checkpoint keeps its own."""
+    _, _, inputs = tiny
+    model, _ = build_world_model(load_config(tiny_yaml, ["model.wan.num_layers=3"]))
+    assert (len(model.video.blocks), len(model.action_expert.layers), len(model.und_expert.layers)) == (3, 3, 3)
+    assert model.spec["wan"]["num_layers"] == 3  # what a saved model folder records
+    assert math.isfinite(model(inputs, generator=torch.Generator().manual_seed(9)).loss.item())
+    with pytest.raises(ModelLoadError, match="model.wan.num_layers is 3 but model.wan.checkpoint_path is set"):
+        build_world_model(load_config(tiny_yaml, ["model.wan.num_layers=3", f"model.wan.checkpoint_path={tmp_path}"]))
