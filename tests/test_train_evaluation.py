@@ -286,14 +286,22 @@ def gone(process):
         return True
 
 
-def test_preemption_stops_the_rollout_and_its_server_and_the_resumed_run_evaluates_again(stand_in):
+@pytest.mark.parametrize("by_the_scheduler", [False, True], ids=["stopped-by-the-trainer", "killed-by-sigterm"])
+def test_preemption_stops_the_rollout_and_its_server_and_the_resumed_run_evaluates_again(stand_in, by_the_scheduler):
+    """by_the_scheduler: Slurm's preemption and pkill signal every process of the job, and the rollout dies of
+    the SIGTERM that preempts the trainer before the trainer stops it: no failure of the checkpoint either."""
     ev = stand_in.evaluator()
     ev.after_save(3, stand_in.ckpt(3))
     ev.after_save(6, stand_in.ckpt(6))
     server = psutil.Process(stand_in.started(3))
     rollout = psutil.Process(ev.running.proc.pid)
+    if by_the_scheduler:
+        os.kill(rollout.pid, signal.SIGTERM)
+        server.kill()  # its share of the job-wide signal
+        ev.running.proc.wait(60)
     ev.close(preempted=True)
     assert gone(rollout) and gone(server)  # the server was in a session of its own
+    assert evaluations.read_failure(stand_in.ckpt(3)) is None
     assert not glob.glob(os.path.join(stand_in.ckpt(3), ".eval.partial_*"))  # its partial output is removed
     assert stand_in.evaluating() == [3, 6]  # the markers stay: both are evaluated again
     assert not os.path.exists(os.path.join(stand_in.dir, "metrics.jsonl"))
@@ -308,33 +316,6 @@ def test_preemption_stops_the_rollout_and_its_server_and_the_resumed_run_evaluat
     assert [(r["step"], r["eval/success_rate"]) for r in stand_in.records()] == [(3, 0.5), (6, 1.0)]
     assert stand_in.evaluating() == []
     assert open(os.path.join(stand_in.dir, "best")).read().strip() == "checkpoint_step_6"
-
-
-def test_a_rollout_killed_by_the_scheduler_s_signal_is_evaluated_again_not_failed(stand_in):
-    """Slurm's preemption and pkill signal every process of the job: the rollout dies of the SIGTERM that
-    preempts the trainer. That is no failure of the checkpoint: the resumed run evaluates it again."""
-    ev = stand_in.evaluator()
-    ev.after_save(3, stand_in.ckpt(3))
-    ev.after_save(6, stand_in.ckpt(6))
-    server = psutil.Process(stand_in.started(3))
-    rollout = ev.running.proc
-    os.kill(rollout.pid, signal.SIGTERM)
-    server.kill()  # its share of the job-wide signal
-    rollout.wait(60)
-    ev.close(preempted=True)
-    assert evaluations.read_failure(stand_in.ckpt(3)) is None
-    assert not glob.glob(os.path.join(stand_in.ckpt(3), ".eval.partial_*"))
-    assert stand_in.evaluating() == [3, 6]
-    assert not os.path.exists(os.path.join(stand_in.dir, "metrics.jsonl"))
-
-    os.remove(os.path.join(stand_in.dir, "..", "control", "started_3"))
-    resumed = stand_in.evaluator(start_step=6)
-    assert resumed.running.checkpoint == stand_in.ckpt(3) and resumed.waiting == stand_in.ckpt(6)
-    stand_in.started(3)
-    stand_in.go(3, 1)
-    stand_in.go(6, 2)
-    resumed.close(preempted=False)
-    assert [(r["step"], r["eval/success_rate"]) for r in stand_in.records()] == [(3, 0.25), (6, 0.5)]
 
 
 def test_a_follower_s_records_are_logged_and_nothing_is_started(stand_in):
