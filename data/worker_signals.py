@@ -25,8 +25,13 @@ from utils.child import PREEMPTION_SIGNALS
 logger = logging.getLogger(__name__)
 
 
+_SUPPORTED = hasattr(signal, "sigwaitinfo")  # Linux; elsewhere (macOS) torch's own handling stays
+
+
 def worker_init_fn(worker_id: int) -> None:
     """Run in each DataLoader worker before it loads anything (the DataLoader's `worker_init_fn`)."""
+    if not _SUPPORTED:
+        return
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)  # already, where workers_started_blocked forked it
     threading.Thread(target=_take_sigterm, args=(os.getppid(),), name=f"sigterm-{worker_id}", daemon=True).start()
@@ -45,6 +50,9 @@ def _take_sigterm(parent: int) -> None:
 def workers_started_blocked() -> Iterator[None]:
     """Around `iter(loader)`: its workers are born with PREEMPTION_SIGNALS blocked. The rank's own
     copy of a signal arriving meanwhile waits, and its handler runs when the block is lifted."""
+    if not _SUPPORTED:
+        yield
+        return
     old = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
     try:
         yield
