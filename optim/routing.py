@@ -1,4 +1,4 @@
-"""Which parameters Muon orthogonalises and which AdamW updates, decided by rule from names and shapes.
+r"""Which parameters Muon orthogonalises and which AdamW updates, decided by rule from names and shapes.
 
 The rule (docs/optimizer.md): a trainable tensor goes to Muon when it is a matrix of a
 hidden layer, i.e. it has two or more dimensions, both matrix sides are larger than one,

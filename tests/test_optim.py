@@ -188,7 +188,9 @@ def test_fused_adamw_on_cuda_keeps_the_step_counter_on_the_device():
         runs[fused] = (model, opt)
     (model, unfused), (fused_model, fused) = runs[False], runs[True]
     fused_model.load_state_dict(model.state_dict())
-    fused.load_state_dict(unfused.state_dict())  # step counters arrive on the CPU
+    # a copy, as from a checkpoint file: torch's load_state_dict keeps an unfused step counter as the
+    # very tensor it is given, so loading the live dict would share (and double-count) the counters
+    fused.load_state_dict(copy.deepcopy(unfused.state_dict()))  # step counters arrive on the CPU
     x, y = (t.cuda() for t in _batch(5))
     for m, opt in ((model, unfused), (fused_model, fused)):
         torch.nn.functional.mse_loss(m(x), y).backward()
