@@ -27,10 +27,9 @@ when a GPU test or a worker failed, a measured peak is more than 10% off the pre
 predicted to fit ran out of memory), or the run took longer than the 8-minute budget. Without a
 GPU (and without --device cpu) it exits 2 and says so.
 
-Time on one H200, estimated (never measured; basis in TRAINING.md, "The GPU check"): the GPU tests
-130-150 s (4 tiny training launches and the tiny VAE fit, measured on the CPU), the 4 workers'
-start-up 60-90 s, compute 40-65 s (motus MuonAdamW's Newton-Schulz, 406 TFLOP per step on one GPU,
-dominates): about 4-5 minutes of the 8-minute budget.
+Time on one H200, measured (TRAINING.md, "The GPU check"): the GPU tests 217 s, the 4 workers 199 s
+(motus MuonAdamW's Newton-Schulz, 406 TFLOP a step on one GPU, takes most of it): 7 minutes of the
+8-minute budget.
 """
 import argparse
 import gc
