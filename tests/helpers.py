@@ -98,9 +98,30 @@ def stop_tree(proc):
     return proc.communicate()
 
 
+PREPARED = set()  # the configs whose generated inputs this test process has made
+
+
+def prepare_generated(config, timeout=1800):
+    """Make a recipe's generated inputs (the synthetic data, the tiny frozen parts with the VAE fitted
+    to it), as a launch makes them at start-up, once per config and test process, before the launch's
+    own clock starts. On a loaded machine the VAE fit (a minute on 2 free cores), or waiting on its lock
+    while the other test worker fits it, can outlast a launch's timeout though nothing hangs: the hang
+    guard of a launch is then about its training, and this build has its own, longer one."""
+    if config in PREPARED:
+        return
+    code = ("import sys; sys.path.insert(0, {root!r}); from recipe.config import load_config; "
+            "from recipe.generated import ensure_generated_inputs; "
+            "ensure_generated_inputs(load_config({config!r}, {fast!r}))").format(root=ROOT, config=config, fast=FAST)
+    result = run_group([PYTHON, "-c", code], timeout, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-6000:]
+    PREPARED.add(config)
+
+
 def train(tmp, nproc, run_name, overrides=(), deepspeed="configs/zero2.json", config="configs/tiny.yaml",
           check=True, timeout=420, **launch):
-    """`launch`: torchrun's log_file / script."""
+    """`launch`: torchrun's log_file / script. The config's generated inputs are made first
+    (prepare_generated), outside `timeout`."""
+    prepare_generated(config)
     args = ["--config", config, "--checkpoint_dir", str(tmp), "--run_name", run_name]
     if deepspeed:
         args += ["--deepspeed", deepspeed]
