@@ -67,7 +67,7 @@ def _levels(td: TimeDistributionConfig, normal: Callable[[], torch.Tensor],
 # host round trip, and the same numbers whichever rank or batch position holds the sample.
 # Integers stay below 2**49 in int64, so the arithmetic is exact on every device.
 _MASK32 = 0xFFFFFFFF
-VIDEO_LEVEL, ACTION_LEVEL, VIDEO_NOISE, ACTION_NOISE = range(4)  # independent streams per sample
+VIDEO_LEVEL, ACTION_LEVEL, VIDEO_NOISE, ACTION_NOISE, VIDEO_MARGINAL = range(5)  # independent streams per sample
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -125,7 +125,15 @@ def _draw_noise(x0: torch.Tensor, a0: torch.Tensor, td: TimeDistributionConfig, 
     s_action = sample_noise_levels(batch, td, x0.device, generator)
     eps_video = torch.randn(x0.shape, device=x0.device, generator=generator)
     eps_action = torch.randn(a0.shape, device=a0.device, generator=generator)
+    if td.marginal_video_fraction > 0:  # drawn last, so that the draws above are those of a run without it
+        s_video = _hold_marginal(s_video, torch.rand(batch, device=x0.device, generator=generator), td)
     return s_video, s_action, eps_video, eps_action
+
+
+def _hold_marginal(s_video: torch.Tensor, u: torch.Tensor, td: TimeDistributionConfig) -> torch.Tensor:
+    """Video levels with the samples whose uniform draw `u` falls below `marginal_video_fraction` set to 1:
+    pure noise, as the `policy` sampling mode holds the video while it generates the actions."""
+    return torch.where(u < td.marginal_video_fraction, torch.ones_like(s_video), s_video)
 
 
 def _draw_noise_per_sample(x0: torch.Tensor, a0: torch.Tensor, td: TimeDistributionConfig, seeds: torch.Tensor
@@ -140,7 +148,10 @@ def _draw_noise_per_sample(x0: torch.Tensor, a0: torch.Tensor, td: TimeDistribut
         return _levels(td, lambda: seeded_normal(seeds, stream, (1,))[:, 0],
                        lambda: seeded_uniform(seeds, stream, (1,))[:, 0])
 
-    return (levels(VIDEO_LEVEL), levels(ACTION_LEVEL), seeded_normal(seeds, VIDEO_NOISE, x0.shape[1:]),
+    s_video = levels(VIDEO_LEVEL)
+    if td.marginal_video_fraction > 0:
+        s_video = _hold_marginal(s_video, seeded_uniform(seeds, VIDEO_MARGINAL, (1,))[:, 0], td)
+    return (s_video, levels(ACTION_LEVEL), seeded_normal(seeds, VIDEO_NOISE, x0.shape[1:]),
             seeded_normal(seeds, ACTION_NOISE, a0.shape[1:]))
 
 

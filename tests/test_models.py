@@ -140,6 +140,46 @@ def test_training_really_uses_time_distribution(tiny):
     assert float(out.noise_level_video) == pytest.approx(0.3) and float(out.noise_level_action) == pytest.approx(0.3)
 
 
+def test_marginal_video_fraction_trains_the_policy_modes_video_state(tiny, monkeypatch):
+    """marginal_video_fraction holds that share of the samples' video at pure noise (s = 1, the video
+    frames equal to their noise) on both noise paths; at 0 every draw is that of a run without the key."""
+    model, _, inputs = tiny
+    td = model.settings.time_distribution
+    seen = []
+    real = model.velocity
+
+    def spy(x_video, s_video, x_action, s_action, inp):
+        seen.append((x_video.clone(), s_video.clone(), x_action.clone(), s_action.clone()))
+        return real(x_video, s_video, x_action, s_action, inp)
+
+    monkeypatch.setattr(model, "velocity", spy)
+    seeds = torch.arange(2000, 2002)
+    draws = {}
+    for fraction in (0.0, 1.0):
+        monkeypatch.setattr(td, "marginal_video_fraction", fraction)
+        model(inputs, generator=torch.Generator().manual_seed(3))
+        model(inputs.replace(noise_seeds=seeds))
+        draws[fraction] = seen[-2:]
+    for without, held in zip(draws[0.0], draws[1.0]):
+        assert torch.equal(held[1], torch.ones(2)) and bool((without[1] < 1).all())
+        assert torch.equal(held[2], without[2]) and torch.equal(held[3], without[3])  # actions untouched
+        # frames 1.. are the noise itself; frame 0 stays the clean condition
+        assert torch.equal(held[0][:, :, :1], inputs.video_latents[:, :, :1].float())
+        noise = (without[0][:, :, 1:] - (1 - without[1]).view(-1, 1, 1, 1, 1) * inputs.video_latents[:, :, 1:]) \
+            / without[1].view(-1, 1, 1, 1, 1)
+        assert torch.allclose(held[0][:, :, 1:], noise, atol=1e-5)
+    # a share: over many per-sample seeds, about that fraction is held, the rest drawn as before
+    from models.flow import _draw_noise_per_sample
+    monkeypatch.setattr(td, "marginal_video_fraction", 0.25)
+    many = torch.arange(4000)
+    x0, a0 = torch.zeros(4000, 1, 2, 1, 1), torch.zeros(4000, 1, 1)
+    s_video = _draw_noise_per_sample(x0, a0, td, many)[0]
+    monkeypatch.setattr(td, "marginal_video_fraction", 0.0)
+    s_plain = _draw_noise_per_sample(x0, a0, td, many)[0]
+    held = s_video == 1
+    assert abs(float(held.double().mean()) - 0.25) < 0.03 and torch.equal(s_video[~held], s_plain[~held])
+
+
 def test_inference_modes_respect_their_conditioning(tiny):
     model, _, inputs = tiny
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
