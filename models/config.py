@@ -110,6 +110,16 @@ class LossWeightsConfig:
 
 
 @dataclass
+class TinyVAEFitConfig:
+    frame_steps: int = 150
+    """Adam steps of the tiny VAE's fit on single frames (its spatial layers), when the tiny frozen parts are generated."""
+    clip_steps: int = 120
+    """Adam steps on whole clips (its temporal layers), after the frame steps."""
+    videos: int = 64
+    """Training windows the fit draws its frames and clips from."""
+
+
+@dataclass
 class ModelConfig:
     size: str = "tiny"
     """A name from the size table: tiny, small or motus."""
@@ -126,6 +136,7 @@ class ModelConfig:
     time_distribution: TimeDistributionConfig = field(default_factory=TimeDistributionConfig)
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     loss_weights: LossWeightsConfig = field(default_factory=LossWeightsConfig)
+    tiny_vae_fit: TinyVAEFitConfig = field(default_factory=TinyVAEFitConfig)
 
     @property
     def reads_state(self) -> bool:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import DictConfig
 
+from models.config import TinyVAEFitConfig
 from models.serialization import ModelLoadError
 from models.sizes import TINY, TINY_VOCAB, ModelSize
 
@@ -45,10 +46,10 @@ WORDS = ("pick up place put push pull move open close lift stack grasp release r
          "plate bottle ball object table shelf tray robot arm gripper hand target goal task reach").split()
 PARTS = ("text_encoder", "vlm", "vae")
 STAMP = "tiny_size.json"
-VAE_FIT = "weighted_mse_frames_then_clips_v2"  # in the stamp: a folder built with another VAE recipe is rebuilt
+VAE_FIT = "weighted_mse_frames_then_clips_v2"  # in the stamp, with the fit's lengths: a folder fitted otherwise is rebuilt
 # the fit: single frames first (a fifth of a clip's cost: they train the spatial layers), then whole
-# clips (the temporal layers); measured on the synthetic squares, see fit_vae
-FRAME_STEPS, FRAME_BATCH, CLIP_STEPS, CLIP_BATCH, FIT_LR, FIT_VIDEOS = 150, 16, 120, 8, 1e-3, 64
+# clips (the temporal layers); how many steps of each is model.tiny_vae_fit (see fit_vae)
+FRAME_BATCH, CLIP_BATCH, FIT_LR = 16, 8, 1e-3
 COLOUR_WEIGHT = 20.0
 # larger frames are fitted on random crops of this size: the VAE is convolutional, so a crop teaches it
 # the same objects at the same scale, and the fit's cost stays that of a 96x128 frame
@@ -101,10 +102,10 @@ def build_image_processor(size: ModelSize = TINY) -> "Qwen2VLImageProcessorPil":
 
 
 def build_vae(size: ModelSize = TINY, seed: int = 2, videos: torch.Tensor | None = None, frames: int = 5,
-              height: int = 64, width: int = 64) -> "AutoencoderKLWan":
-    """An AutoencoderKLWan, fitted to `videos` ([N, T, 3, H, W] in [-1, 1]) when given, else random
-    (smooth random videos stand in for them), whose latents_mean/std are measured on those videos so
-    normalised latents are ~N(0, 1)."""
+              height: int = 64, width: int = 64, fit: TinyVAEFitConfig = TinyVAEFitConfig()) -> "AutoencoderKLWan":
+    """An AutoencoderKLWan, fitted to `videos` ([N, T, 3, H, W] in [-1, 1]) for `fit`'s steps when given,
+    else random (smooth random videos stand in for them), whose latents_mean/std are measured on those
+    videos so normalised latents are ~N(0, 1)."""
     from diffusers import AutoencoderKLWan
 
     torch.manual_seed(seed)
@@ -115,7 +116,7 @@ def build_vae(size: ModelSize = TINY, seed: int = 2, videos: torch.Tensor | None
         x = torch.nn.functional.interpolate(coarse, size=(frames, height, width), mode="trilinear")
     else:
         x = videos.float().permute(0, 2, 1, 3, 4).contiguous()  # [N, 3, T, H, W], the VAE's layout
-        fit_vae(vae, x, gen)
+        fit_vae(vae, x, gen, fit)
     with torch.no_grad():
         mu = torch.cat([vae.encode(chunk).latent_dist.mean for chunk in x.split(CLIP_BATCH)])
     mean = mu.mean(dim=(0, 2, 3, 4))
@@ -125,10 +126,11 @@ def build_vae(size: ModelSize = TINY, seed: int = 2, videos: torch.Tensor | None
     return vae
 
 
-def fit_vae(vae: "AutoencoderKLWan", x: torch.Tensor, gen: torch.Generator) -> "AutoencoderKLWan":
+def fit_vae(vae: "AutoencoderKLWan", x: torch.Tensor, gen: torch.Generator,
+            fit: TinyVAEFitConfig = TinyVAEFitConfig()) -> "AutoencoderKLWan":
     """A short autoencoder fit of `vae` to videos x [N, 3, T, H, W]: Adam on the reconstruction of the
-    posterior mean (what FrozenEncoders encodes), FRAME_STEPS on single frames then CLIP_STEPS on
-    whole clips, on random FIT_CROP windows of larger frames. Each pixel's squared error is weighted
+    posterior mean (what FrozenEncoders encodes), fit.frame_steps on single frames then fit.clip_steps
+    on whole clips, on random FIT_CROP windows of larger frames. Each pixel's squared error is weighted
     by 1 + its colour saturation x COLOUR_WEIGHT: robot scenes are mostly flat background, and
     unweighted a small VAE learns the background alone, so the objects (the synthetic squares, the
     simulator's red cube) vanish from every decoded picture. (lr 1e-3: 5e-3 and above stall at that
@@ -139,7 +141,7 @@ def fit_vae(vae: "AutoencoderKLWan", x: torch.Tensor, gen: torch.Generator) -> "
     frames = x.transpose(1, 2).reshape(-1, x.shape[1], 1, *x.shape[3:])  # every frame as a 1-frame clip
     opt = torch.optim.Adam(vae.parameters(), lr=FIT_LR)
     vae.train()
-    for data, steps, batch in ((frames, FRAME_STEPS, FRAME_BATCH), (x, CLIP_STEPS, CLIP_BATCH)):
+    for data, steps, batch in ((frames, fit.frame_steps, FRAME_BATCH), (x, fit.clip_steps, CLIP_BATCH)):
         for _ in range(steps):
             b = random_crops(data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)], gen)
             weight = 1 + COLOUR_WEIGHT * (b.max(dim=1, keepdim=True).values - b.min(dim=1, keepdim=True).values)
@@ -150,7 +152,7 @@ def fit_vae(vae: "AutoencoderKLWan", x: torch.Tensor, gen: torch.Generator) -> "
             opt.step()
     vae.eval().requires_grad_(False)
     log.info("fitted the tiny VAE to %d videos: %d frame + %d clip steps, final weighted MSE %.4f, %.1f s "
-             "(%.1f CPU s)", len(x), FRAME_STEPS, CLIP_STEPS, loss.item(), time.perf_counter() - start,
+             "(%.1f CPU s)", len(x), fit.frame_steps, fit.clip_steps, loss.item(), time.perf_counter() - start,
              time.process_time() - cpu)
     return vae
 
@@ -165,7 +167,8 @@ def random_crops(x: torch.Tensor, gen: torch.Generator, size: tuple[int, int] = 
     return torch.stack([v[..., y:y + h, x0:x0 + w] for v, y, x0 in zip(x, ys, xs)])
 
 
-def training_videos(dataset: "WindowSource[Any]", count: int = FIT_VIDEOS, seed: int = 0) -> torch.Tensor | None:
+def training_videos(dataset: "WindowSource[Any]", count: int = TinyVAEFitConfig.videos,
+                    seed: int = 0) -> torch.Tensor | None:
     """`count` training windows' videos [count, T, 3, H, W] from a dataset with draw(rng) and load(window)
     (data/dataset.py EpisodeDataset), or None when its samples carry no raw video (a latent cache)."""
     import numpy as np
@@ -177,15 +180,23 @@ def training_videos(dataset: "WindowSource[Any]", count: int = FIT_VIDEOS, seed:
     return torch.stack([s["video"] for s in samples])
 
 
-def _stamp(fitted: bool) -> str:
-    return json.dumps({"size": dataclasses.asdict(TINY), "vae": VAE_FIT if fitted else "random"}, sort_keys=True)
+def _stamp(fitted: bool, fit: TinyVAEFitConfig) -> str:
+    vae = {"vae": VAE_FIT, "fit": dataclasses.asdict(fit)} if fitted else {"vae": "random"}
+    return json.dumps({"size": dataclasses.asdict(TINY), **vae}, sort_keys=True)
+
+
+def vae_fit(cfg: DictConfig) -> TinyVAEFitConfig:
+    """The recipe's model.tiny_vae_fit."""
+    return TinyVAEFitConfig(**cfg.model.tiny_vae_fit)
 
 
 def build_tiny_assets(directory: str, texts: Iterable[str] = (),
-                      videos: Callable[[], torch.Tensor | None] | None = None) -> str:
+                      videos: Callable[[], torch.Tensor | None] | None = None,
+                      fit: TinyVAEFitConfig = TinyVAEFitConfig()) -> str:
     """Write the three folders under `directory` (atomically: a half-written folder never appears),
     plus a stamp of the tiny size table and VAE recipe they were built from. `videos`: a callable
-    returning [N, T, 3, H, W] training videos in [-1, 1] to fit the VAE to; None keeps it random.
+    returning [N, T, 3, H, W] training videos in [-1, 1] to fit the VAE to for `fit`'s steps; None
+    keeps it random.
     A folder whose stamp is from another size table or VAE recipe is rebuilt (it holds only what an
     earlier build wrote); one without a stamp is not ours, and is refused. Commands started together
     on a fresh clone build it once: the others wait on a lock file beside the folder, then find it."""
@@ -193,17 +204,18 @@ def build_tiny_assets(directory: str, texts: Iterable[str] = (),
     os.makedirs(parent, exist_ok=True)
     with open(os.path.join(parent, f".{os.path.basename(os.path.abspath(directory))}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-        return _build_unlocked(directory, texts, videos)
+        return _build_unlocked(directory, texts, videos, fit)
 
 
-def _build_unlocked(directory: str, texts: Iterable[str], videos: Callable[[], torch.Tensor | None] | None) -> str:
+def _build_unlocked(directory: str, texts: Iterable[str], videos: Callable[[], torch.Tensor | None] | None,
+                    fit: TinyVAEFitConfig) -> str:
     stamp = os.path.join(directory, STAMP)
     if all(os.path.isdir(os.path.join(directory, p)) for p in PARTS):
         if not os.path.isfile(stamp):
             raise ModelLoadError(f"'{directory}' holds text_encoder/, vlm/ and vae/ but no {STAMP}: not built by "
                                  "models/tiny_assets.py; point the model paths elsewhere or delete the folder")
         found = open(stamp).read()
-        if found in (_stamp(True), _stamp(False)) and (found == _stamp(True) or videos is None):
+        if found in (_stamp(True, fit), _stamp(False, fit)) and (found == _stamp(True, fit) or videos is None):
             return directory
         log.warning("rebuilding the tiny frozen parts under %s: built for another tiny size table or VAE recipe",
                     directory)
@@ -217,10 +229,10 @@ def _build_unlocked(directory: str, texts: Iterable[str], videos: Callable[[], t
         tokenizer.save_pretrained(os.path.join(tmp, "vlm"))
         build_image_processor().save_pretrained(os.path.join(tmp, "vlm"))
         clips = None if videos is None else videos()
-        build_vae(videos=clips).save_pretrained(os.path.join(tmp, "vae"))
+        build_vae(videos=clips, fit=fit).save_pretrained(os.path.join(tmp, "vae"))
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(tmp, STAMP), "w") as f:
-            f.write(_stamp(clips is not None))
+            f.write(_stamp(clips is not None, fit))
         os.replace(os.path.join(tmp, STAMP), stamp)  # identical content from every builder
         for part in PARTS:
             try:
@@ -258,11 +270,11 @@ def tiny_assets_dir(cfg: DictConfig) -> str | None:
 
 def ensure_tiny_assets(cfg: DictConfig, videos: Callable[[], torch.Tensor | None] | None = None) -> str | None:
     """For model.size tiny, build the frozen parts where the config points if they are missing or
-    outdated; `videos` (see build_tiny_assets) fits the VAE to the training data."""
+    outdated; `videos` (see build_tiny_assets) fits the VAE to the training data as model.tiny_vae_fit says."""
     directory = tiny_assets_dir(cfg)
     if cfg.model.size != "tiny" or directory is None:
         return None
-    return build_tiny_assets(directory, videos=videos)
+    return build_tiny_assets(directory, videos=videos, fit=vae_fit(cfg))
 
 
 def main() -> None:
@@ -273,14 +285,15 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides of --config")
     args = parser.parse_intermixed_args()
     logging.basicConfig(level=logging.INFO)
-    videos = None
+    videos, fit = None, TinyVAEFitConfig()
     if args.config:
         from data import build_datasets
         from recipe.config import load_config
 
         cfg = load_config(args.config, list(args.overrides) + ["dataset.cache_dir=null"])
-        videos = lambda: training_videos(build_datasets(cfg)[0], seed=cfg.training.seed)  # noqa: E731
-    print(build_tiny_assets(args.directory, videos=videos))
+        fit = vae_fit(cfg)
+        videos = lambda: training_videos(build_datasets(cfg)[0], fit.videos, seed=cfg.training.seed)  # noqa: E731
+    print(build_tiny_assets(args.directory, videos=videos, fit=fit))
 
 
 if __name__ == "__main__":

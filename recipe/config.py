@@ -140,6 +140,9 @@ def _check_values(cfg: DictConfig, source: str) -> None:
         (cfg.model.action_expert.position_scale > 0, "model.action_expert.position_scale",
          cfg.model.action_expert.position_scale, "a positive number"),
         (td.sigmoid_scale > 0, "model.time_distribution.sigmoid_scale", td.sigmoid_scale, "a positive number"),
+        (min(cfg.model.tiny_vae_fit.frame_steps, cfg.model.tiny_vae_fit.clip_steps) >= 0
+         and cfg.model.tiny_vae_fit.videos >= 1, "model.tiny_vae_fit", dict(cfg.model.tiny_vae_fit),
+         "steps >= 0 and videos >= 1"),
         (min(cfg.model.loss_weights.values()) >= 0 and sum(cfg.model.loss_weights.values()) > 0,
          "model.loss_weights", dict(cfg.model.loss_weights), "weights >= 0, not all zero"),
         (0 <= cfg.dataset.val_fraction < 1, "dataset.val_fraction", cfg.dataset.val_fraction, "a number in [0, 1)"),

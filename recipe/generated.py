@@ -19,11 +19,11 @@ def ensure_generated_inputs(cfg: DictConfig, dataset: bool = True) -> None:
     the synthetic dataset only when the tiny VAE must be fitted to its videos."""
     from data import build_datasets
     from data.synthetic import ensure_synthetic
-    from models.tiny_assets import ensure_tiny_assets, training_videos
+    from models.tiny_assets import ensure_tiny_assets, training_videos, vae_fit
 
     def videos() -> Any:
         ensure_synthetic(cfg)  # the tiny VAE is fitted to the training videos
-        return training_videos(build_datasets(cfg)[0], seed=cfg.training.seed)
+        return training_videos(build_datasets(cfg)[0], vae_fit(cfg).videos, seed=cfg.training.seed)
 
     with every_core():
         if dataset:

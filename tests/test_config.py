@@ -132,6 +132,8 @@ def test_every_schema_key_is_read_by_code(tmp_path):
     ("model.time_distribution.max_t=1.5", "expected 0 <= min_t <= max_t <= 1"),
     ("model.time_distribution.marginal_video_fraction=1.5",
      "'model.time_distribution.marginal_video_fraction' is 1.5; expected a number in [0, 1]"),
+    ("model.tiny_vae_fit.videos=0", "'model.tiny_vae_fit' is {'frame_steps': 150, 'clip_steps': 120, 'videos': 0}; "
+     "expected steps >= 0 and videos >= 1"),
     ("dataset.weights=[1,2]", "'dataset.weights' is [1.0, 2.0]; expected one non-negative number per dataset_dir"),
     ("system.total_limit=0", "expected null (keep all) or a positive integer"),
     ("training.ema.decay=1.0", "'training.ema.decay' is 1.0; expected a number in [0, 1)"),

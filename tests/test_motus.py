@@ -128,19 +128,19 @@ def test_converter_writes_a_loadable_export(tmp_path, io, capsys):
         convert_main([MOTUS_DIR, "--config", TINY, "--out", out, *NO_VAE])
 
 
-def test_converter_on_a_fresh_clone_makes_the_tiny_parts_as_training_does(tmp_path, monkeypatch, capsys):
+def test_converter_on_a_fresh_clone_makes_the_tiny_parts_as_training_does(tmp_path, capsys):
     """No assets yet (a fresh clone): the converter makes the synthetic data and the tiny frozen parts,
     the VAE fitted as training fits it (a shortened fit here: 2 + 2 steps), then converts."""
     from models import tiny_assets
 
-    monkeypatch.setattr(tiny_assets, "FRAME_STEPS", 2)
-    monkeypatch.setattr(tiny_assets, "CLIP_STEPS", 2)
     assets, out = tmp_path / "assets", str(tmp_path / "export")
     fresh = [f"dataset.dataset_dir={assets}/synthetic", f"model.wan.text_encoder_path={assets}/tiny/text_encoder",
-             f"model.wan.vae_path={assets}/tiny/vae", f"model.vlm.checkpoint_path={assets}/tiny/vlm"]
+             f"model.wan.vae_path={assets}/tiny/vae", f"model.vlm.checkpoint_path={assets}/tiny/vlm",
+             "model.tiny_vae_fit.frame_steps=2", "model.tiny_vae_fit.clip_steps=2"]
     convert_main([MOTUS_DIR, "--config", TINY, "--out", out, *fresh])
     stamp = json.loads((assets / "tiny" / tiny_assets.STAMP).read_text())
-    assert stamp["vae"] == tiny_assets.VAE_FIT  # fitted to the training videos: training will not rebuild it
+    # fitted to the training videos for the recipe's steps: training with the same recipe will not rebuild it
+    assert (stamp["vae"], stamp["fit"]) == (tiny_assets.VAE_FIT, {"frame_steps": 2, "clip_steps": 2, "videos": 64})
     assert sorted(os.listdir(assets / "tiny")) == ["text_encoder", tiny_assets.STAMP, "vae", "vlm"]
     report = load_finetune_weights(tiny_model(), out)
     assert not report.missing and not report.unexpected

@@ -87,3 +87,29 @@ def test_frames_larger_than_the_fit_crop_are_fitted_on_exact_random_windows():
     assert len(offsets) > 1  # each video its own window
     small = torch.zeros(2, 3, 1, h, w - 8)
     assert random_crops(small, gen) is small
+
+
+def test_a_folder_fitted_for_other_steps_is_refitted_and_one_fitted_alike_is_kept(tmp_path):
+    """model.tiny_vae_fit is in the folder's stamp: a recipe that fits its VAE longer (configs/aloha_sim.yaml)
+    gets its own fit, never a folder fitted for another recipe's steps."""
+    import json
+
+    from models.config import TinyVAEFitConfig
+    from models.tiny_assets import STAMP, build_tiny_assets
+
+    clips = torch.rand(2, 5, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    fits = []
+
+    def videos():
+        fits.append(1)
+        return clips
+
+    folder, weights = tmp_path / "tiny", tmp_path / "tiny" / "vae" / "diffusion_pytorch_model.safetensors"
+    short = TinyVAEFitConfig(frame_steps=1, clip_steps=1, videos=2)
+    build_tiny_assets(str(folder), videos=videos, fit=short)
+    first = weights.read_bytes()
+    build_tiny_assets(str(folder), videos=videos, fit=short)
+    assert len(fits) == 1 and weights.read_bytes() == first
+    build_tiny_assets(str(folder), videos=videos, fit=TinyVAEFitConfig(frame_steps=2, clip_steps=1, videos=2))
+    assert len(fits) == 2 and weights.read_bytes() != first
+    assert json.loads((folder / STAMP).read_text())["fit"] == {"frame_steps": 2, "clip_steps": 1, "videos": 2}
