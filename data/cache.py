@@ -11,9 +11,11 @@ Layout of a cache folder (written by `python -m data.build_cache`):
                                statistics may change)
 
 The fingerprint hashes the dataset (type, folders, keys, window geometry, every episode's length)
-and the encoder-relevant model config (size, precision, VAE / text encoder / VLM paths). A cache
+and the encoder-relevant model config (size, precision, VAE / text encoder / VLM paths, the tiny
+VAE's fit when it is not the default). A cache
 whose fingerprint differs from the current config is refused, naming the fields that differ.
 """
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,6 +29,7 @@ from safetensors import safe_open
 from data.episodes import Episode
 from data.errors import DataError
 from data.normalize import NormStats
+from models.config import TinyVAEFitConfig
 
 META_FILE = "cache_meta.json"
 TEXT_FILE = "texts.safetensors"
@@ -60,6 +63,10 @@ def fingerprint_parts(cfg: DictConfig, episodes: Sequence[Episode]) -> dict[str,
         dataset["pad_episode_end"] = True
     model = {"size": m.size, "precision": m.precision, "vae_path": absolute(m.wan.vae_path),
              "text_encoder_path": absolute(m.wan.text_encoder_path), "vlm_path": absolute(m.vlm.checkpoint_path)}
+    # a generated tiny VAE is refitted in place when the recipe's fit changes: the same path, other latents
+    # (named only when set, so caches built before the key existed stay valid)
+    if m.size == "tiny" and dict(m.tiny_vae_fit) != dataclasses.asdict(TinyVAEFitConfig()):
+        model["tiny_vae_fit"] = dict(m.tiny_vae_fit)
     return {"dataset": dataset, "model": model}
 
 

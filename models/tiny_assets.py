@@ -181,7 +181,9 @@ def training_videos(dataset: "WindowSource[Any]", count: int = TinyVAEFitConfig.
 
 
 def _stamp(fitted: bool, fit: TinyVAEFitConfig) -> str:
-    vae = {"vae": VAE_FIT, "fit": dataclasses.asdict(fit)} if fitted else {"vae": "random"}
+    vae: dict[str, Any] = {"vae": VAE_FIT if fitted else "random"}
+    if fitted and fit != TinyVAEFitConfig():  # named only when set, so folders built before the key stay valid
+        vae["fit"] = dataclasses.asdict(fit)
     return json.dumps({"size": dataclasses.asdict(TINY), **vae}, sort_keys=True)
 
 

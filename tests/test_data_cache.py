@@ -93,6 +93,9 @@ def test_mismatching_cache_is_refused(built):
         build_datasets(OmegaConf.merge(cfg, cache, {"model": {"precision": "bf16_mixed"}}))
     with pytest.raises(DataError, match="dataset.video_height: cache 16, config 32"):
         build_datasets(OmegaConf.merge(cfg, cache, {"common": {"video_height": 32}}))
+    # a tiny VAE fitted for other steps sits at the same path with other latents
+    with pytest.raises(DataError, match=r"model.tiny_vae_fit: cache None, config \{'frame_steps': 600"):
+        build_datasets(OmegaConf.merge(cfg, cache, {"model": {"tiny_vae_fit": {"frame_steps": 600}}}))
     with pytest.raises(DataError, match="build_cache"):
         build_datasets(OmegaConf.merge(cfg, {"dataset": {"cache_dir": str(tmp / "nothing")}}))
     from safetensors.torch import load_file

@@ -52,6 +52,7 @@ def test_the_fitted_vae_shows_the_squares_and_a_random_one_does_not(built):
     cfg, x = built
     stamp = json.loads(open(os.path.join(os.path.dirname(cfg.model.wan.vae_path), STAMP)).read())
     assert stamp["vae"] != "random"
+    assert "fit" not in stamp  # the default fit is not named: folders built before model.tiny_vae_fit stay valid
     fitted = AutoencoderKLWan.from_pretrained(cfg.model.wan.vae_path).eval()
     assert squares_psnr(reconstruct(fitted, x), x) > SQUARES_PSNR_DB
     assert squares_psnr(reconstruct(build_vae(), x), x) < SQUARES_PSNR_DB - 3
