@@ -15,7 +15,6 @@ and the encoder-relevant model config (size, precision, VAE / text encoder / VLM
 VAE's fit when it is not the default). A cache
 whose fingerprint differs from the current config is refused, naming the fields that differ.
 """
-import dataclasses
 import hashlib
 import json
 import os
@@ -64,9 +63,9 @@ def fingerprint_parts(cfg: DictConfig, episodes: Sequence[Episode]) -> dict[str,
     model = {"size": m.size, "precision": m.precision, "vae_path": absolute(m.wan.vae_path),
              "text_encoder_path": absolute(m.wan.text_encoder_path), "vlm_path": absolute(m.vlm.checkpoint_path)}
     # a generated tiny VAE is refitted in place when the recipe's fit changes: the same path, other latents
-    # (named only when set, so caches built before the key existed stay valid)
-    if m.size == "tiny" and dict(m.tiny_vae_fit) != dataclasses.asdict(TinyVAEFitConfig()):
-        model["tiny_vae_fit"] = dict(m.tiny_vae_fit)
+    fit = TinyVAEFitConfig(**m.tiny_vae_fit).record()
+    if m.size == "tiny" and fit is not None:
+        model["tiny_vae_fit"] = fit
     return {"dataset": dataset, "model": model}
 
 

@@ -3,7 +3,7 @@
 Architecture sizes come from the named size table in `models/sizes.py`
 (`model.size`); the fields here are what a recipe changes on top of a size.
 """
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 MODEL_MODES = ("finetune", "pretrain")
@@ -117,6 +117,11 @@ class TinyVAEFitConfig:
     """Adam steps on whole clips (its temporal layers), after the frame steps."""
     videos: int = 64
     """Training windows the fit draws its frames and clips from."""
+
+    def record(self) -> dict[str, int] | None:
+        """The fit as the tiny folder's stamp and a latent cache's fingerprint name it: None for the default,
+        so folders and caches built before this key existed stay valid."""
+        return None if self == TinyVAEFitConfig() else asdict(self)
 
 
 @dataclass

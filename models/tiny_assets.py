@@ -46,7 +46,7 @@ WORDS = ("pick up place put push pull move open close lift stack grasp release r
          "plate bottle ball object table shelf tray robot arm gripper hand target goal task reach").split()
 PARTS = ("text_encoder", "vlm", "vae")
 STAMP = "tiny_size.json"
-VAE_FIT = "weighted_mse_frames_then_clips_v2"  # in the stamp, with the fit's lengths: a folder fitted otherwise is rebuilt
+VAE_FIT = "weighted_mse_frames_then_clips_v2"  # in the stamp, with fit.record(): a folder fitted otherwise is rebuilt
 # the fit: single frames first (a fifth of a clip's cost: they train the spatial layers), then whole
 # clips (the temporal layers); how many steps of each is model.tiny_vae_fit (see fit_vae)
 FRAME_BATCH, CLIP_BATCH, FIT_LR = 16, 8, 1e-3
@@ -182,8 +182,8 @@ def training_videos(dataset: "WindowSource[Any]", count: int = TinyVAEFitConfig.
 
 def _stamp(fitted: bool, fit: TinyVAEFitConfig) -> str:
     vae: dict[str, Any] = {"vae": VAE_FIT if fitted else "random"}
-    if fitted and fit != TinyVAEFitConfig():  # named only when set, so folders built before the key stay valid
-        vae["fit"] = dataclasses.asdict(fit)
+    if fitted and fit.record() is not None:
+        vae["fit"] = fit.record()
     return json.dumps({"size": dataclasses.asdict(TINY), **vae}, sort_keys=True)
 
 

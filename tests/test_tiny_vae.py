@@ -91,8 +91,8 @@ def test_frames_larger_than_the_fit_crop_are_fitted_on_exact_random_windows():
 
 
 def test_a_folder_fitted_for_other_steps_is_refitted_and_one_fitted_alike_is_kept(tmp_path):
-    """model.tiny_vae_fit is in the folder's stamp: a recipe that fits its VAE longer (configs/aloha_sim.yaml)
-    gets its own fit, never a folder fitted for another recipe's steps."""
+    """model.tiny_vae_fit is in the folder's stamp: a recipe that fits its VAE longer or shorter gets its own
+    fit, never a folder fitted for another recipe's steps."""
     import json
 
     from models.config import TinyVAEFitConfig
