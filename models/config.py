@@ -134,6 +134,11 @@ class ModelConfig:
     """fp32, bf16_mixed (weights in bf16) or fp32_mixed (fp32 weights, bf16 autocast)."""
     gradient_checkpointing: bool = False
     """Recompute video and action expert blocks in the backward pass."""
+    absolute_video_positions: bool = False
+    """Add each video token's (row, column) to its patch embedding through a projection that starts at
+    zero (models/video_positions.py): RoPE places the tokens for attention weights only, so without it
+    the video values an action token reads do not say where they are. Fine-tuned from a checkpoint
+    without it (a Motus one), the projection starts at zero (logged as missing), the checkpoint's function."""
     wan: WanConfig = field(default_factory=WanConfig)
     vlm: VLMConfig = field(default_factory=VLMConfig)
     action_expert: ActionExpertConfig = field(default_factory=ActionExpertConfig)

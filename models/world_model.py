@@ -22,6 +22,7 @@ from models.config import ModelConfig
 from models.experts import ActionExpert, UndExpert
 from models.flow import MOTUS_NUM_TRAIN_STEPS, euler_sample, flow_losses
 from models.joint import joint_layer
+from models.video_positions import VideoPositions
 from utils.batch import FlowLosses, FlowSample, ModelBatch, ModelDims
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class WorldModel(nn.Module):
             position_scale=s.action_expert.position_scale)
         self.und_expert = UndExpert(wan.num_layers, spec["und_hidden"], s.und_expert.ffn_dim_multiplier,
                                     inner, s.und_expert.norm_eps, spec["vlm_dim"], s.und_expert.vlm.projector_type)
+        self.video_positions = VideoPositions(inner) if s.absolute_video_positions else None
         self.gradient_checkpointing = s.gradient_checkpointing
         self._compiled: tuple[LayerFn, LayerFn] | None = None  # (layer, checkpointed layer) after compile_blocks
 
@@ -136,7 +138,11 @@ class WorldModel(nn.Module):
             with self._action_io(device):
                 a = self.action_expert.embed_tokens(x_action.float(), None if state is None else state.float())
             rope = wan.rope(x_video)
-            v = wan.patch_embedding(x_video.float()).flatten(2).transpose(1, 2).contiguous()
+            v = wan.patch_embedding(x_video.float())
+            grid = v.shape[2:]
+            v = v.flatten(2).transpose(1, 2).contiguous()
+            if self.video_positions is not None:
+                v = v + self.video_positions(*grid)
             # Wan zero-pads umT5 embeddings past the prompt and attends over all of them
             text = inputs.text_embeds.float() * inputs.text_mask[..., None].float()
             text = wan.condition_embedder.text_embedder(text)

@@ -5,6 +5,7 @@ import logging
 import math
 import os
 import shutil
+import tempfile
 
 import pytest
 import torch
@@ -432,3 +433,35 @@ def test_the_depth_of_a_fresh_model_is_set_by_model_wan_num_layers(tiny_yaml, ti
     assert math.isfinite(model(inputs, generator=torch.Generator().manual_seed(9)).loss.item())
     with pytest.raises(ModelLoadError, match="model.wan.num_layers is 3 but model.wan.checkpoint_path is set"):
         build_world_model(load_config(tiny_yaml, ["model.wan.num_layers=3", f"model.wan.checkpoint_path={tmp_path}"]))
+
+
+def test_absolute_video_positions_start_as_the_model_without_them_and_then_place_tokens(tiny_yaml, tiny):
+    """model.absolute_video_positions: at build the projection is zero and draws no random number, so the
+    model is the one without it (the same loss, bit for bit); its gradient is not zero; once trained it
+    gives every cell of the latent grid its own embedding, the same in every latent frame; the key is
+    saved with the model; the projection goes to AdamW (a position table, optim/routing.py)."""
+    from models import WorldModel
+    from optim.routing import split_params
+
+    _, _, inputs = tiny
+    torch.manual_seed(0)
+    plain, _ = build_world_model(load_config(tiny_yaml))
+    torch.manual_seed(0)
+    placed, _ = build_world_model(load_config(tiny_yaml, ["model.absolute_video_positions=true"]))
+    assert plain.video_positions is None and tuple(placed.video_positions.weight.shape) == (64, 24)
+    loss_plain = plain(inputs, generator=torch.Generator().manual_seed(3)).loss
+    loss_placed = placed(inputs, generator=torch.Generator().manual_seed(3)).loss
+    assert loss_placed.item() == loss_plain.item()
+    loss_placed.backward()
+    assert float(placed.video_positions.weight.grad.abs().sum()) > 0
+    with torch.no_grad():
+        placed.video_positions.weight.normal_()
+    table = placed.video_positions(2, 3, 4)[0]  # 2 frames of a 3x4 grid
+    assert table.shape == (24, 64) and torch.equal(table[:12], table[12:])
+    assert torch.cdist(table[:12], table[:12]).add(torch.eye(12) * 1e9).min() > 1e-3  # 12 distinct cells
+    muon, adamw = split_params(placed.named_parameters())
+    assert "video_positions.weight" in dict(adamw) and "video_positions.weight" not in dict(muon)
+    with tempfile.TemporaryDirectory() as folder:
+        placed.save_pretrained(folder)
+        loaded = WorldModel.from_pretrained(folder)
+        assert torch.equal(loaded.video_positions.weight, placed.video_positions.weight)
