@@ -10,9 +10,9 @@ rendered at the recipe's size) is served to the checkpoint as `inference.serve` 
 `policy`-mode sampling is recorded. The cube's token is the condition-frame video token under the
 cube's centroid, found by `decoded_cube`'s red rule in the rendered frame. Per layer, averaged over
 heads, action tokens, Euler steps and seeds:
-- `frame0`: the share of the action tokens' attention that falls on the condition frame's tokens
-  (the predicted frames are pure noise in the policy mode; the rest goes to action and
-  understanding tokens);
+- `frame0`, `predicted`, `actions`: the shares of the action tokens' attention that fall on the
+  condition frame's tokens, on the predicted frames' (pure noise in the policy mode: nothing to
+  read) and on the action tokens (the rest goes to the understanding tokens);
 - `cube`: the share on the cube's token, and `lift`, that share over the condition frame's mean
   token share (1: the cube's token gets no more than any other);
 - `peak`: over (seed, head), how often the condition-frame token with the most attention lies within
@@ -47,21 +47,21 @@ def cube_token(frame: np.ndarray, grid: tuple[int, int]) -> tuple[int, int] | No
     return int(float(y) * grid[0] // height), int(float(x) * grid[1] // width)
 
 
-def condition_attention(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, num_video: int,
-                        num_action: int, num_frame0: int) -> torch.Tensor:
-    """The action queries' softmax weights on the condition frame's keys, [B, heads, num_frame0], averaged
-    over the action tokens. q, k [B, S, H, hd] as `models.joint.attention` gets them, video tokens first
-    (the condition frame's `num_frame0` leading), then `num_action` action tokens; mask as there."""
+def action_query_attention(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, num_video: int,
+                           num_action: int) -> torch.Tensor:
+    """The action queries' softmax weights over every key, [B, heads, S], averaged over the action tokens.
+    q, k [B, S, H, hd] as `models.joint.attention` gets them: `num_video` video tokens first, then
+    `num_action` action tokens, then the understanding tokens; mask as there."""
     qa = q[:, num_video:num_video + num_action].float().transpose(1, 2)
     scores = qa @ k.float().transpose(1, 2).transpose(-1, -2) / q.shape[-1] ** 0.5
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return scores.softmax(-1)[..., :num_frame0].mean(2)
+    return scores.softmax(-1).mean(2)
 
 
 @contextmanager
-def recorded_attention(num_video: int, num_action: int, num_frame0: int) -> Iterator[list[torch.Tensor]]:
-    """While active, every joint attention appends its condition_attention [B, H, num_frame0] to the list
+def recorded_attention(num_video: int, num_action: int) -> Iterator[list[torch.Tensor]]:
+    """While active, every joint attention appends its action_query_attention [B, H, S] to the list
     yielded (in call order: layer by layer, Euler step by step)."""
     from models import joint
 
@@ -69,7 +69,7 @@ def recorded_attention(num_video: int, num_action: int, num_frame0: int) -> Iter
     calls: list[torch.Tensor] = []
 
     def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        calls.append(condition_attention(q, k, mask, num_video, num_action, num_frame0).cpu())
+        calls.append(action_query_attention(q, k, mask, num_video, num_action).cpu())
         return original(q, k, v, mask)
 
     joint.attention = spy
@@ -79,16 +79,19 @@ def recorded_attention(num_video: int, num_action: int, num_frame0: int) -> Iter
         joint.attention = original
 
 
-def layer_figures(weights: torch.Tensor, cubes: list[tuple[int, int]], grid: tuple[int, int]) -> dict[str, float]:
-    """weights [steps, seeds, heads, tokens] of one layer (condition-frame shares) -> its figures."""
+def layer_figures(weights: torch.Tensor, cubes: list[tuple[int, int]], grid: tuple[int, int], num_video: int,
+                  num_action: int) -> dict[str, float]:
+    """weights [steps, seeds, heads, S] of one layer (action_query_attention's) -> its figures."""
     rows, cols = grid
     index = torch.tensor([r * cols + c for r, c in cubes])
-    per_seed = weights.mean(0)  # [seeds, heads, tokens]
+    every = weights.mean(0)  # [seeds, heads, S]
+    per_seed = every[..., :rows * cols]  # the condition frame's tokens
     frame0 = per_seed.sum(-1)
     cube = per_seed.gather(-1, index.view(-1, 1, 1).expand(-1, per_seed.shape[1], 1)).squeeze(-1)
     peak = per_seed.argmax(-1)
     near = ((peak // cols - index.view(-1, 1) // cols).abs() <= 1) & ((peak % cols - index.view(-1, 1) % cols).abs() <= 1)
-    return {"frame0": float(frame0.mean()), "cube": float(cube.mean()),
+    return {"frame0": float(frame0.mean()), "predicted": float(every[..., rows * cols:num_video].sum(-1).mean()),
+            "actions": float(every[..., num_video:num_video + num_action].sum(-1).mean()), "cube": float(cube.mean()),
             "lift": float((cube / (frame0 / (rows * cols))).mean()), "peak": float(near.float().mean())}
 
 
@@ -116,14 +119,15 @@ def measure(checkpoint: str, seeds: list[int]) -> dict[str, object]:
             cube = cube_token(image, grid)
             if cube is None:
                 continue
-            with recorded_attention(model.latent_frames // p_t * grid[0] * grid[1], num_action, grid[0] * grid[1]) as calls:
+            num_video = model.latent_frames // p_t * grid[0] * grid[1]
+            with recorded_attention(num_video, num_action) as calls:
                 policy.sample(inputs, [cfg.serving.seed])
             per_seed.append(torch.stack(calls).view(-1, len(model.video.blocks), *calls[0].shape[1:]))
             cubes.append(cube)
     finally:
         env.close()
     weights = torch.stack(per_seed, 2)  # [steps, layers, seeds, heads, tokens]
-    layers = [layer_figures(weights[:, i], cubes, grid) for i in range(weights.shape[1])]
+    layers = [layer_figures(weights[:, i], cubes, grid, num_video, num_action) for i in range(weights.shape[1])]
     return {"checkpoint": checkpoint, "seeds": len(cubes), "grid": list(grid), "layers": layers}
 
 
@@ -135,11 +139,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     results = [measure(c, parse_seeds(args.seeds)) for c in args.checkpoint]
-    print("| checkpoint | seeds | layer | on the condition frame | on the cube's token | lift | peak within a token |")
-    print("|---|---|---|---|---|---|---|")
+    print("| checkpoint | seeds | layer | on the condition frame | on the predicted frames | on the action tokens "
+          "| on the cube's token | lift | peak within a token |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         for i, f in enumerate(r["layers"]):
-            print(f"| {r['checkpoint']} | {r['seeds']} | {i} | {100 * f['frame0']:.1f}% | {100 * f['cube']:.2f}% | "
+            print(f"| {r['checkpoint']} | {r['seeds']} | {i} | {100 * f['frame0']:.1f}% | {100 * f['predicted']:.1f}% | "
+                  f"{100 * f['actions']:.1f}% | {100 * f['cube']:.2f}% | "
                   f"{f['lift']:.2f} | {100 * f['peak']:.0f}% |")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".json", "w") as f:
