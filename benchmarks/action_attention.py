@@ -126,6 +126,8 @@ def measure(checkpoint: str, seeds: list[int]) -> dict[str, object]:
             cubes.append(cube)
     finally:
         env.close()
+    if not per_seed:
+        raise SystemExit(f"action_attention: no first frame of seeds {seeds[0]}..{seeds[-1]} shows the red cube")
     weights = torch.stack(per_seed, 2)  # [steps, layers, seeds, heads, tokens]
     layers = [layer_figures(weights[:, i], cubes, grid, num_video, num_action) for i in range(weights.shape[1])]
     return {"checkpoint": checkpoint, "seeds": len(cubes), "grid": list(grid), "layers": layers}

@@ -437,9 +437,11 @@ def test_the_depth_of_a_fresh_model_is_set_by_model_wan_num_layers(tiny_yaml, ti
 
 def test_absolute_video_positions_start_as_the_model_without_them_and_then_place_tokens(tiny_yaml, tiny):
     """model.absolute_video_positions: at build the projection is zero and draws no random number, so the
-    model is the one without it (the same loss, bit for bit); its gradient is not zero; once trained it
+    model is the one without it (the same loss, bit for bit); its gradient is not zero; a checkpoint without
+    it fine-tunes into it with the projection at zero, reported missing; once trained it
     gives every cell of the latent grid its own embedding, the same in every latent frame; the key is
     saved with the model; the projection goes to AdamW (a position table, optim/routing.py)."""
+    from checkpoint.finetune import load_finetune_weights
     from models import WorldModel
     from optim.routing import split_params
 
@@ -454,6 +456,11 @@ def test_absolute_video_positions_start_as_the_model_without_them_and_then_place
     assert loss_placed.item() == loss_plain.item()
     loss_placed.backward()
     assert float(placed.video_positions.weight.grad.abs().sum()) > 0
+    with tempfile.TemporaryDirectory() as folder:  # fine-tuned from a checkpoint without it: zero, reported missing
+        plain.save_pretrained(folder)
+        report = load_finetune_weights(placed, folder)
+        assert report.missing == ["video_positions.weight"] and not report.unexpected
+        assert float(placed.video_positions.weight.detach().abs().sum()) == 0.0
     with torch.no_grad():
         placed.video_positions.weight.normal_()
     table = placed.video_positions(2, 3, 4)[0]  # 2 frames of a 3x4 grid
