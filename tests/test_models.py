@@ -5,7 +5,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 
 import pytest
 import torch
@@ -435,7 +434,7 @@ def test_the_depth_of_a_fresh_model_is_set_by_model_wan_num_layers(tiny_yaml, ti
         build_world_model(load_config(tiny_yaml, ["model.wan.num_layers=3", f"model.wan.checkpoint_path={tmp_path}"]))
 
 
-def test_absolute_video_positions_start_as_the_model_without_them_and_then_place_tokens(tiny_yaml, tiny):
+def test_absolute_video_positions_start_as_the_model_without_them_and_then_place_tokens(tiny_yaml, tiny, tmp_path):
     """model.absolute_video_positions: at build the projection is zero and draws no random number, so the
     model is the one without it (the same loss, bit for bit); its gradient is not zero; a checkpoint without
     it fine-tunes into it with the projection at zero, reported missing; once trained it
@@ -456,11 +455,10 @@ def test_absolute_video_positions_start_as_the_model_without_them_and_then_place
     assert loss_placed.item() == loss_plain.item()
     loss_placed.backward()
     assert float(placed.video_positions.weight.grad.abs().sum()) > 0
-    with tempfile.TemporaryDirectory() as folder:  # fine-tuned from a checkpoint without it: zero, reported missing
-        plain.save_pretrained(folder)
-        report = load_finetune_weights(placed, folder)
-        assert report.missing == ["video_positions.weight"] and not report.unexpected
-        assert float(placed.video_positions.weight.detach().abs().sum()) == 0.0
+    plain.save_pretrained(tmp_path / "plain")  # fine-tuned from a checkpoint without it: zero, reported missing
+    report = load_finetune_weights(placed, str(tmp_path / "plain"))
+    assert report.missing == ["video_positions.weight"] and not report.unexpected
+    assert float(placed.video_positions.weight.detach().abs().sum()) == 0.0
     with torch.no_grad():
         placed.video_positions.weight.normal_()
     table = placed.video_positions(2, 3, 4)[0]  # 2 frames of a 3x4 grid
@@ -468,7 +466,6 @@ def test_absolute_video_positions_start_as_the_model_without_them_and_then_place
     assert torch.cdist(table[:12], table[:12]).add(torch.eye(12) * 1e9).min() > 1e-3  # 12 distinct cells
     muon, adamw = split_params(placed.named_parameters())
     assert "video_positions.weight" in dict(adamw) and "video_positions.weight" not in dict(muon)
-    with tempfile.TemporaryDirectory() as folder:
-        placed.save_pretrained(folder)
-        loaded = WorldModel.from_pretrained(folder)
-        assert torch.equal(loaded.video_positions.weight, placed.video_positions.weight)
+    placed.save_pretrained(tmp_path / "placed")
+    loaded = WorldModel.from_pretrained(str(tmp_path / "placed"))
+    assert torch.equal(loaded.video_positions.weight, placed.video_positions.weight)
