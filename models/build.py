@@ -145,14 +145,26 @@ def _random(what: str, key: str, warn: bool = True) -> None:
 
 
 def size_table_wan(cfg: DictConfig, size: ModelSize) -> dict[str, Any]:
-    """Wan's kwargs for a video expert built fresh: the size table's, at model.wan.num_layers if set."""
-    depth = cfg.model.wan.num_layers
-    if depth is not None and cfg.model.wan.checkpoint_path is not None:
-        raise ModelLoadError(f"model.wan.num_layers is {depth} but model.wan.checkpoint_path is set: a checkpoint "
-                             "has its own depth; set num_layers to null")
-    if depth is not None and depth < 1:
-        raise ModelLoadError(f"model.wan.num_layers must be at least 1, got {depth}")
-    return dict(size.wan, num_layers=depth or size.num_layers)
+    """Wan's kwargs for a video expert built fresh: the size table's, at model.wan.num_layers and
+    model.wan.num_attention_heads if set (the width stays the size's)."""
+    wan_cfg = cfg.model.wan
+    depth, heads = wan_cfg.num_layers, wan_cfg.num_attention_heads
+    for key, value in (("num_layers", depth), ("num_attention_heads", heads)):
+        if value is not None and wan_cfg.checkpoint_path is not None:
+            raise ModelLoadError(f"model.wan.{key} is {value} but model.wan.checkpoint_path is set: a checkpoint "
+                                 f"has its own; set {key} to null")
+        if value is not None and value < 1:
+            raise ModelLoadError(f"model.wan.{key} must be at least 1, got {value}")
+    wan = dict(size.wan, num_layers=depth or size.num_layers)
+    if heads is not None:
+        width = size.wan["num_attention_heads"] * size.wan["attention_head_dim"]
+        # Wan's RoPE gives each spatial axis 2 * (head_dim // 6) channels: a head needs at least 6
+        if width % heads or width // heads < 6 or (width // heads) % 2:
+            raise ModelLoadError(f"model.wan.num_attention_heads is {heads}: the {cfg.model.size} size's width "
+                                 f"{width} must split into heads of an even size of at least 6 "
+                                 f"(RoPE rotates channel pairs over three axes)")
+        wan.update(num_attention_heads=heads, attention_head_dim=width // heads)
+    return wan
 
 
 def build_video_expert(cfg: DictConfig, size: ModelSize) -> tuple["WanTransformer3DModel | None", dict[str, Any]]:

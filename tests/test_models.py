@@ -434,6 +434,27 @@ def test_the_depth_of_a_fresh_model_is_set_by_model_wan_num_layers(tiny_yaml, ti
         build_world_model(load_config(tiny_yaml, ["model.wan.num_layers=3", f"model.wan.checkpoint_path={tmp_path}"]))
 
 
+def test_the_heads_of_a_fresh_model_are_set_by_model_wan_num_attention_heads(tiny_yaml, tiny, tmp_path):
+    """4 heads of 16 at the tiny width 64 (2 of 32 in the size table): the same weights, a different
+    attention in every joint layer; widths that do not split into RoPE's three axes are refused."""
+    _, _, inputs = tiny
+    two, _ = build_world_model(load_config(tiny_yaml))
+    four, _ = build_world_model(load_config(tiny_yaml, ["model.wan.num_attention_heads=4"]))
+    assert (four.heads, four.video.config.attention_head_dim) == (4, 16)
+    assert four.spec["wan"]["num_attention_heads"] == 4  # what a saved model folder records
+    four.load_state_dict(two.state_dict())  # every weight has the same shape
+    loss_two = two(inputs, generator=torch.Generator().manual_seed(9)).loss
+    loss_four = four(inputs, generator=torch.Generator().manual_seed(9)).loss
+    assert math.isfinite(loss_four.item()) and abs(loss_four.item() - loss_two.item()) > 1e-6
+    with pytest.raises(ModelLoadError, match="num_attention_heads is 3: the tiny size's width 64 must split"):
+        build_world_model(load_config(tiny_yaml, ["model.wan.num_attention_heads=3"]))
+    with pytest.raises(ModelLoadError, match="num_attention_heads is 16: .* at least 6"):
+        build_world_model(load_config(tiny_yaml, ["model.wan.num_attention_heads=16"]))
+    with pytest.raises(ModelLoadError, match="model.wan.num_attention_heads is 4 but model.wan.checkpoint_path is set"):
+        build_world_model(load_config(tiny_yaml, ["model.wan.num_attention_heads=4",
+                                                  f"model.wan.checkpoint_path={tmp_path}"]))
+
+
 def test_absolute_video_positions_start_as_the_model_without_them_and_then_place_tokens(tiny_yaml, tiny, tmp_path):
     """model.absolute_video_positions: at build the projection is zero and draws no random number, so the
     model is the one without it (the same loss, bit for bit); its gradient is not zero; a checkpoint without
