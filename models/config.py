@@ -32,8 +32,9 @@ class WanConfig:
     understanding experts (one joint attention per layer); null: the size's. A checkpoint has its own."""
     num_attention_heads: Optional[int] = None
     """Heads of every joint attention of a video expert built from the size table, at the size's width
-    (head_dim = width / heads: more heads, more places a layer can look at once); null: the size's.
-    A checkpoint has its own."""
+    (head_dim = width / heads, even and at least 6: Wan's RoPE rotates channel pairs over time, rows
+    and columns; more heads, more places a layer can look at once); null: the size's. A checkpoint
+    has its own."""
     text_cache_mb: float = 256
     """MiB of device memory the umT5 embeddings of recent instructions may hold (raw data: each new
     instruction is encoded once, then read from this cache; least recently used evicted first). An entry is
