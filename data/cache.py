@@ -180,9 +180,9 @@ class CachedDataset:
             sample["vlm_features"] = torch.nn.functional.pad(sample["vlm_features"], (0, 0, 0, pad))
             sample["vlm_mask"] = torch.nn.functional.pad(sample["vlm_mask"], (0, pad))
         actions = self.shards.get(shard, "actions", row).numpy()
-        sample["actions"] = torch.from_numpy(np.array(self.stats.normalize_action(actions), dtype=np.float32))
-        if self.has_state:
-            state = self.shards.get(shard, "state", row).numpy()
-            sample["state"] = torch.from_numpy(np.array(self.stats.normalize_state(state), dtype=np.float32))
+        state = self.stats.normalize_state(self.shards.get(shard, "state", row).numpy()) if self.has_state else None
+        sample["actions"] = torch.from_numpy(np.array(self.stats.normalize_action(actions, state), dtype=np.float32))
+        if state is not None:
+            sample["state"] = torch.from_numpy(np.array(state, dtype=np.float32))
         sample["episode_index"], sample["frame_index"] = episode, frame
         return sample

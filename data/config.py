@@ -75,6 +75,10 @@ class DatasetConfig:
     """Windows also start in the last span of an episode, reading past its end as the robot holding its
     final pose (the last frame, action and state repeated): with long chunks, the end of a demonstration
     (the hand-over, the release) is otherwise never a condition frame."""
+    relative_action_dims: Optional[List[int]] = None
+    """Action dimensions learned and served as their distance from the same dimension of the condition
+    frame's state (openpi's delta joint actions; data/normalize.py); null: every action absolute. The
+    indices must name the same joint in the action and the state."""
     cache_stride: Optional[int] = None
     """build_cache: raw frames between the condition frames of cached windows; null: the span of
     one predicted frame (video_action_freq_ratio * global_downsample_rate)."""

@@ -86,15 +86,15 @@ class EpisodeDataset:
         ep = self.episodes[i]
         frames = self.spec.clip(self.spec.video_indices(c), ep.length)
         actions = ep.action[self.spec.clip(self.spec.action_indices(c), ep.length)]
+        state = None if ep.state is None else self.stats.normalize_state(ep.state[c])
         sample = {
             "video": self._video(ep, frames),
-            "actions": torch.from_numpy(np.array(self.stats.normalize_action(actions), dtype=np.float32)),
+            "actions": torch.from_numpy(np.array(self.stats.normalize_action(actions, state), dtype=np.float32)),
             "instruction": ep.tasks[ep.task_ids[c]] or (self.instruction or ""),
             "episode_index": ep.index,
             "frame_index": c,
         }
-        if ep.state is not None:
-            state = self.stats.normalize_state(ep.state[c])
+        if state is not None:
             sample["state"] = torch.from_numpy(np.array(state, dtype=np.float32))
         return sample
 

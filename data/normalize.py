@@ -12,9 +12,15 @@ Modes (dataset.normalization):
 - none:     identity
 A dimension whose spread is below 1e-6 (a constant joint) is only shifted, never divided by
 ~0, so an unseen value at inference cannot explode.
+
+Relative action dimensions (dataset.relative_action_dims, openpi's delta joint actions): each such
+action is learned as its distance from the same dimension of the condition frame's state, divided
+by the action's spread and not shifted, `(a - s) / scale`; unnormalize adds the state back. The
+model then learns where a joint goes from where it is, instead of copying the state into every
+action of the chunk. Both maps take that state as the model reads it (normalised).
 """
 import json
-from typing import Any, TypeVar
+from typing import Any, Optional, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -42,7 +48,7 @@ class NormStats:
     """Statistics of the action (and state) features plus the mode that uses them."""
 
     def __init__(self, stats: dict[str, dict[str, Any]], mode: str = "mean_std", action_key: str = "action",
-                 state_key: str = "observation.state") -> None:
+                 state_key: str = "observation.state", relative_dims: Sequence[int] = ()) -> None:
         if mode not in NORMALIZATIONS:
             raise ValueError(f"normalization mode {mode!r}; expected one of {', '.join(NORMALIZATIONS)}")
         self.stats = {k: {n: list(v) for n, v in s.items()} for k, s in stats.items()}
@@ -50,6 +56,15 @@ class NormStats:
         if mode != "none" and action_key not in self.stats:
             raise ValueError(f"statistics have no '{action_key}' entry; they have {sorted(self.stats)}")
         self._affine = {k: self._center_scale(k) for k in self.stats} if mode != "none" else {}
+        self.relative_dims = [int(d) for d in relative_dims]
+        if self.relative_dims and mode != "none" and state_key not in self.stats:
+            raise ValueError(f"relative action dims {self.relative_dims} need statistics of '{state_key}'; "
+                             f"they have {sorted(self.stats)}")
+        if self.relative_dims and action_key in self._affine:  # a distance from the state: scaled, never shifted
+            center, scale = self._affine[action_key]
+            center = center.copy()
+            center[self.relative_dims] = 0.0
+            self._affine[action_key] = (center, scale)
 
     def _center_scale(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         s = {n: np.asarray(v, dtype=np.float64) for n, v in self.stats[key].items() if n != "count"}
@@ -79,12 +94,31 @@ class NormStats:
             scale = torch.as_tensor(scale, dtype=x.dtype, device=x.device)
         return x * scale + center if inverse else (x - center) / scale
 
-    def normalize_action(self, x: Values) -> Values:
-        return self._apply(self.action_key, x, inverse=False)
+    def normalize_action(self, x: Values, state: Optional[Values] = None) -> Values:
+        """Robot units -> model units. `state`: the condition frame's state in model units (normalised),
+        [..., state_dim] against actions [..., chunk, action_dim]; needed with relative dims."""
+        return self._apply(self.action_key, self._shift(x, state, -1), inverse=False)
 
-    def unnormalize_action(self, x: Values) -> Values:
-        """Model units -> robot units (inference)."""
-        return self._apply(self.action_key, x, inverse=True)
+    def unnormalize_action(self, x: Values, state: Optional[Values] = None) -> Values:
+        """Model units -> robot units (inference); `state` as in normalize_action."""
+        return self._shift(self._apply(self.action_key, x, inverse=True), state, +1)
+
+    def _shift(self, x: Values, state: Optional[Values], sign: int) -> Values:
+        """x with `sign` times the state (robot units) added on the relative dims."""
+        if not self.relative_dims:
+            return x
+        if state is None:
+            raise ValueError(f"actions relative to the state (dims {self.relative_dims}) need the state")
+        raw = self._apply(self.state_key if self.state_key in self.stats else None, state, inverse=True)
+        d = self.relative_dims
+        if isinstance(x, torch.Tensor):
+            raw = torch.as_tensor(raw, dtype=x.dtype, device=x.device)
+            x = x.clone()
+        else:
+            raw = np.asarray(raw, dtype=x.dtype)
+            x = x.copy()
+        x[..., d] += sign * raw[..., None, d]
+        return x
 
     def normalize_state(self, x: Values) -> Values:
         return self._apply(self.state_key if self.state_key in self.stats else None, x, inverse=False)
@@ -93,18 +127,20 @@ class NormStats:
     def to_dict(self) -> dict[str, Any]:
         """Feature-keyed statistics plus a "normalization" entry (mode and which feature is which)."""
         out: dict[str, Any] = {k: dict(v) for k, v in self.stats.items()}
-        out["normalization"] = {"mode": self.mode, "action_key": self.action_key, "state_key": self.state_key}
+        out["normalization"] = {"mode": self.mode, "action_key": self.action_key, "state_key": self.state_key,
+                                "relative_action_dims": self.relative_dims}
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], mode: str | None = None, action_key: str | None = None,
-                  state_key: str | None = None) -> "NormStats":
+                  state_key: str | None = None, relative_dims: Sequence[int] | None = None) -> "NormStats":
         """Read `to_dict()` output or a compute_stats JSON; arguments given here win over the file's."""
         meta = d.get("normalization", {})
         stats = {k: v for k, v in d.items() if k != "normalization"}
         return cls(stats, mode=mode or meta.get("mode", "mean_std"),
                    action_key=action_key or meta.get("action_key", "action"),
-                   state_key=state_key or meta.get("state_key", "observation.state"))
+                   state_key=state_key or meta.get("state_key", "observation.state"),
+                   relative_dims=meta.get("relative_action_dims", ()) if relative_dims is None else relative_dims)
 
     def save(self, path: str) -> None:
         with open(path, "w") as f:
@@ -112,6 +148,7 @@ class NormStats:
 
     @classmethod
     def load(cls, path: str, mode: str | None = None, action_key: str | None = None,
-             state_key: str | None = None) -> "NormStats":
+             state_key: str | None = None, relative_dims: Sequence[int] | None = None) -> "NormStats":
         with open(path) as f:
-            return cls.from_dict(json.load(f), mode=mode, action_key=action_key, state_key=state_key)
+            return cls.from_dict(json.load(f), mode=mode, action_key=action_key, state_key=state_key,
+                                 relative_dims=relative_dims)

@@ -82,7 +82,7 @@ def run(policy: Policy, dataset: "EpisodeDataset", windows: list[tuple[int, int]
         seeds = [sample_seed(seed, dataset.episodes[i], c) for i, c in chunk]
         got["last_actions"].append(np.stack([metrics.last_action(dataset.episodes[i], c) for i, c in chunk]))
         assert batch.actions is not None and batch.video is not None  # a raw dataset's windows hold both
-        got["true_actions"].append(policy.stats.unnormalize_action(batch.actions).numpy())
+        got["true_actions"].append(policy.stats.unnormalize_action(batch.actions, batch.state).numpy())
         inputs = policy.encoders.encode(batch)  # on the model's device, the given actions and state too
         if any(m in VIDEO_MODES for m in modes):
             got["true_video"].append(batch.video.numpy())

@@ -137,7 +137,7 @@ class Policy:
         # None only from a mode that does not generate actions, on inputs without them (evaluate's batches hold them)
         assert out.actions is not None, f"sample mode {mode!r} returned no actions: the inputs hold none"
         return FlowSample(video_latents=out.video_latents,
-                          actions=self.stats.unnormalize_action(out.actions.float().cpu()))
+                          actions=self.stats.unnormalize_action(out.actions.float().cpu(), inputs.state))
 
     def infer(self, observations: Iterable[object], seeds: list[int] | None = None) -> np.ndarray:
         """Observations -> action chunks float32 [B, chunk, action_dim] in robot units (all from

@@ -3,8 +3,8 @@
     inputs = encoders.encode(batch)                       # a DataBatch -> a ModelBatch (utils/batch.py)
     pred = model.sample(inputs, "joint")
     grid, fig = prediction_figures(batch.video, encoders.decode_video(pred.video_latents),
-                                   stats.unnormalize_action(batch.actions),
-                                   stats.unnormalize_action(pred.actions))
+                                   stats.unnormalize_action(batch.actions, batch.state),
+                                   stats.unnormalize_action(pred.actions, batch.state))
     writer.add_image("val/frames", grid, step); writer.add_figure("val/actions", fig, step)
 """
 from collections.abc import Mapping, Sequence

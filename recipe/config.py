@@ -161,6 +161,13 @@ def _check_values(cfg: DictConfig, source: str) -> None:
         require(source, len(d.weights) == len(dirs) and min(d.weights) >= 0 and sum(d.weights) > 0,
                 "dataset.weights", list(d.weights),
                 f"one non-negative number per dataset_dir entry ({len(dirs)} in all) with a positive sum")
+    if d.relative_action_dims:
+        rel, joint_dims = list(d.relative_action_dims), min(cfg.common.action_dim, cfg.common.state_dim)
+        require(source, cfg.model.mode == "finetune", "dataset.relative_action_dims", rel,
+                "null with model.mode pretrain (the model reads no state to measure the actions from)")
+        require(source, len(set(rel)) == len(rel) and all(0 <= i < joint_dims for i in rel),
+                "dataset.relative_action_dims", rel,
+                f"distinct indices in [0, {joint_dims}) (common.action_dim and common.state_dim)")
     if d.type == "robotwin" and d.task_mode == "single" and not d.task_name:
         raise ConfigError(f"{source}: 'dataset.task_mode' is single but 'dataset.task_name' is not set")
     _check_serving(cfg.serving, source)

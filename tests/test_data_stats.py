@@ -103,3 +103,27 @@ def test_dataset_normalises_with_its_statistics(root, tmp_path):
     np.testing.assert_allclose(train.load((1, 3))["actions"].numpy(), (ep.action[[4, 5, 6, 7]] - 2.0) / 2.0,
                                rtol=1e-5, atol=1e-6)
     assert stats.to_dict()["normalization"]["mode"] == "min_max"
+
+
+def test_relative_action_dims_are_distances_from_the_condition_state(root, tmp_path):
+    """dataset.relative_action_dims: those dims learned as (action - state) / std, the state of the condition
+    frame; the others absolute; unnormalize adds the state back; the checkpoint's statistics carry the dims."""
+    import torch
+
+    train, _, stats = build_datasets(make_cfg(tmp_path, root, relative_action_dims=[0, 2]))
+    x, s = direct(root, "action"), direct(root, "observation.state")
+    sample, ep = train.load((1, 3)), train.episodes[1]
+    actions = ep.action[[4, 5, 6, 7]]
+    want = (actions - x.mean(0)) / x.std(0)
+    want[:, [0, 2]] = (actions[:, [0, 2]] - ep.state[3][[0, 2]]) / x.std(0)[[0, 2]]
+    np.testing.assert_allclose(sample["actions"].numpy(), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(sample["state"].numpy(), (ep.state[3] - s.mean(0)) / s.std(0), rtol=1e-4, atol=1e-5)
+    back = stats.unnormalize_action(sample["actions"][None], sample["state"][None])  # a batch, as inference has it
+    assert isinstance(back, torch.Tensor)
+    np.testing.assert_allclose(back[0].numpy(), actions, rtol=1e-5, atol=1e-5)
+    assert NormStats.from_dict(stats.to_dict()).relative_dims == [0, 2]
+    older = stats.to_dict()
+    del older["normalization"]["relative_action_dims"]  # statistics saved before the key existed: absolute
+    assert NormStats.from_dict(older).relative_dims == []
+    with pytest.raises(ValueError, match=r"relative to the state \(dims \[0, 2\]\) need the state"):
+        stats.normalize_action(actions)

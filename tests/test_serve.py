@@ -115,3 +115,24 @@ def test_garbage_bytes_get_an_error_and_the_server_keeps_serving(server, referen
     got = connect().infer(observation(7))["actions"]
     np.testing.assert_allclose(got, reference.infer([observation(7)])[0], atol=1e-6, rtol=0)
     assert proc.poll() is None
+
+
+def test_relative_action_dims_add_the_observed_state_back(reference):
+    """dataset.relative_action_dims: the served action of such a dim is the model's output scaled, plus the
+    observed state (not the mean action); every other dim as before. The same model, seeds and inputs."""
+    from dataclasses import replace
+
+    from data.normalize import NormStats
+    from inference.policy import Policy
+
+    stats = reference.loaded.stats
+    relative = Policy(replace(reference.loaded, stats=NormStats.from_dict(stats.to_dict(), relative_dims=[0, 2])),
+                      num_steps=2)
+    obs = [observation(k) for k in range(2)]
+    absolute, got = reference.infer(obs), relative.infer(obs)
+    mean = np.asarray(stats.stats[stats.action_key]["mean"], np.float32)
+    states = np.stack([o["observation/state"] for o in obs])
+    want = absolute.copy()
+    want[..., [0, 2]] += states[:, None, [0, 2]] - mean[[0, 2]]
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    assert not np.allclose(got, absolute, atol=1e-3)

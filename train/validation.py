@@ -43,8 +43,8 @@ def prediction_pictures(model: Any, encoders: "FrozenEncoders", batch: DataBatch
     true_frames = batch.video if batch.video is not None else encoders.decode_video(inputs.video_latents)
     assert inputs.actions is not None
     grid, fig = prediction_figures(true_frames, encoders.decode_video(joint.video_latents),
-                                   stats.unnormalize_action(inputs.actions.float().cpu()),
-                                   stats.unnormalize_action(joint.actions.float().cpu()))
+                                   stats.unnormalize_action(inputs.actions.float().cpu(), inputs.state),
+                                   stats.unnormalize_action(joint.actions.float().cpu(), inputs.state))
     return {"val/frames_true_vs_predicted": grid}, {"val/actions_true_vs_predicted": fig}
 
 
