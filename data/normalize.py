@@ -109,7 +109,7 @@ class NormStats:
             return x
         if state is None:
             raise ValueError(f"actions relative to the state (dims {self.relative_dims}) need the state")
-        raw = self._apply(self.state_key if self.state_key in self.stats else None, state, inverse=True)
+        raw = self._apply(self._state_entry(), state, inverse=True)
         d = self.relative_dims
         if isinstance(x, torch.Tensor):
             raw = torch.as_tensor(raw, dtype=x.dtype, device=x.device)
@@ -121,7 +121,11 @@ class NormStats:
         return x
 
     def normalize_state(self, x: Values) -> Values:
-        return self._apply(self.state_key if self.state_key in self.stats else None, x, inverse=False)
+        return self._apply(self._state_entry(), x, inverse=False)
+
+    def _state_entry(self) -> str | None:
+        """The state's statistics key, or None where there are none (the state then passes as it is)."""
+        return self.state_key if self.state_key in self.stats else None
 
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
