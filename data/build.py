@@ -97,21 +97,22 @@ def stats_from_episodes(episodes: Sequence[Episode], action_key: str, state_key:
 
 
 def build_stats(dcfg: DictConfig, episodes: Sequence[Episode]) -> NormStats:
-    relative = list(dcfg.relative_action_dims or [])
+    relative, horizon = list(dcfg.relative_action_dims or []), dcfg.relative_action_horizon
     if dcfg.normalization == "none":
         return NormStats({}, mode="none", action_key=dcfg.action_key, state_key=dcfg.state_key,
-                         relative_dims=relative)
+                         relative_dims=relative, relative_horizon=horizon)
     if dcfg.stats_path is not None:
         if not os.path.isfile(dcfg.stats_path):
             raise DataError(f"dataset.stats_path {dcfg.stats_path} does not exist; write it with "
                             "`python -m data.compute_stats <dataset_dir> --out <file.json>` or set it to null")
         try:
-            stats = NormStats.load(dcfg.stats_path, dcfg.normalization, dcfg.action_key, dcfg.state_key, relative)
+            stats = NormStats.load(dcfg.stats_path, dcfg.normalization, dcfg.action_key, dcfg.state_key, relative,
+                                   horizon)
         except (ValueError, KeyError) as e:
             raise DataError(f"dataset.stats_path {dcfg.stats_path}: {e}") from None
     else:
         stats = NormStats(stats_from_episodes(episodes, dcfg.action_key, dcfg.state_key), dcfg.normalization,
-                          dcfg.action_key, dcfg.state_key, relative)
+                          dcfg.action_key, dcfg.state_key, relative, horizon)
     if any(e.state is not None for e in episodes) and dcfg.state_key not in stats.stats:
         raise DataError(f"the normalisation statistics have no '{dcfg.state_key}' entry but the data has a state; "
                         f"statistics have {sorted(stats.stats)}")

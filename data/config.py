@@ -79,6 +79,10 @@ class DatasetConfig:
     """Action dimensions learned and served as their distance from the same dimension of the condition
     frame's state (openpi's delta joint actions; data/normalize.py); null: every action absolute. The
     indices must name the same joint in the action and the state."""
+    relative_action_horizon: Optional[int] = None
+    """With relative_action_dims: the chunk's action at which they have become absolute. The distance
+    from the state fades linearly from the first action (all state) to this one (none; data/normalize.py),
+    so a new chunk starts where the arm is and ends where the picture says. null: the whole chunk relative."""
     cache_stride: Optional[int] = None
     """build_cache: raw frames between the condition frames of cached windows; null: the span of
     one predicted frame (video_action_freq_ratio * global_downsample_rate)."""

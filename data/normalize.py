@@ -18,6 +18,12 @@ action is learned as its distance from the same dimension of the condition frame
 by the action's spread and not shifted, `(a - s) / scale`; unnormalize adds the state back. The
 model then learns where a joint goes from where it is, instead of copying the state into every
 action of the chunk. Both maps take that state as the model reads it (normalised).
+
+With a relative horizon k (dataset.relative_action_horizon) the shift fades over the chunk: action i
+is learned as `(a_i - w_i s - (1 - w_i) c) / scale` with `w_i = max(0, 1 - i / k)` and c the action's
+usual center, so the chunk starts as a distance from the state (no jump where a new chunk joins the
+old one) and from action k on is absolute (where a reach ends is set by the picture, not by where the
+arm started). Without a horizon every action of the chunk is relative (w_i = 1).
 """
 import json
 from typing import Any, Optional, Sequence, TypeVar
@@ -48,7 +54,8 @@ class NormStats:
     """Statistics of the action (and state) features plus the mode that uses them."""
 
     def __init__(self, stats: dict[str, dict[str, Any]], mode: str = "mean_std", action_key: str = "action",
-                 state_key: str = "observation.state", relative_dims: Sequence[int] = ()) -> None:
+                 state_key: str = "observation.state", relative_dims: Sequence[int] = (),
+                 relative_horizon: Optional[int] = None) -> None:
         if mode not in NORMALIZATIONS:
             raise ValueError(f"normalization mode {mode!r}; expected one of {', '.join(NORMALIZATIONS)}")
         self.stats = {k: {n: list(v) for n, v in s.items()} for k, s in stats.items()}
@@ -57,11 +64,17 @@ class NormStats:
             raise ValueError(f"statistics have no '{action_key}' entry; they have {sorted(self.stats)}")
         self._affine = {k: self._center_scale(k) for k in self.stats} if mode != "none" else {}
         self.relative_dims = [int(d) for d in relative_dims]
+        if relative_horizon is not None and (not self.relative_dims or int(relative_horizon) < 1):
+            raise ValueError(f"relative action horizon {relative_horizon}: expected a positive number of actions "
+                             "with relative action dims, or None")
+        self.relative_horizon = None if relative_horizon is None else int(relative_horizon)
+        self._relative_center = np.zeros(len(self.relative_dims), dtype=np.float32)
         if self.relative_dims and mode != "none" and state_key not in self.stats:
             raise ValueError(f"relative action dims {self.relative_dims} need statistics of '{state_key}'; "
                              f"they have {sorted(self.stats)}")
         if self.relative_dims and action_key in self._affine:  # a distance from the state: scaled, never shifted
             center, scale = self._affine[action_key]
+            self._relative_center = center[self.relative_dims].copy()
             center = center.copy()
             center[self.relative_dims] = 0.0
             self._affine[action_key] = (center, scale)
@@ -104,7 +117,8 @@ class NormStats:
         return self._shift(self._apply(self.action_key, x, inverse=True), state, +1)
 
     def _shift(self, x: Values, state: Optional[Values], sign: int) -> Values:
-        """x with `sign` times the state (robot units) added on the relative dims."""
+        """x with `sign` times the origin of each relative dim added: the state (robot units), faded
+        into the action's center over the relative horizon."""
         if not self.relative_dims:
             return x
         if state is None:
@@ -117,7 +131,15 @@ class NormStats:
         else:
             raw = np.asarray(raw, dtype=x.dtype)
             x = x.copy()
-        x[..., d] += sign * raw[..., None, d]
+        origin = raw[..., None, d]
+        if self.relative_horizon is not None:
+            w = np.clip(1.0 - np.arange(x.shape[-2]) / self.relative_horizon, 0.0, 1.0)[:, None]
+            w, center = w.astype(np.float32), self._relative_center
+            if isinstance(x, torch.Tensor):
+                w = torch.as_tensor(w, dtype=x.dtype, device=x.device)
+                center = torch.as_tensor(center, dtype=x.dtype, device=x.device)
+            origin = w * origin + (1 - w) * center
+        x[..., d] += sign * origin
         return x
 
     def normalize_state(self, x: Values) -> Values:
@@ -132,19 +154,25 @@ class NormStats:
         """Feature-keyed statistics plus a "normalization" entry (mode and which feature is which)."""
         out: dict[str, Any] = {k: dict(v) for k, v in self.stats.items()}
         out["normalization"] = {"mode": self.mode, "action_key": self.action_key, "state_key": self.state_key,
-                                "relative_action_dims": self.relative_dims}
+                                "relative_action_dims": self.relative_dims,
+                                "relative_action_horizon": self.relative_horizon}
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], mode: str | None = None, action_key: str | None = None,
-                  state_key: str | None = None, relative_dims: Sequence[int] | None = None) -> "NormStats":
-        """Read `to_dict()` output or a compute_stats JSON; arguments given here win over the file's."""
+                  state_key: str | None = None, relative_dims: Sequence[int] | None = None,
+                  relative_horizon: int | None = None) -> "NormStats":
+        """Read `to_dict()` output or a compute_stats JSON; arguments given here win over the file's
+        (the relative dims and horizon as one: given dims come with the given horizon)."""
         meta = d.get("normalization", {})
         stats = {k: v for k, v in d.items() if k != "normalization"}
+        if relative_dims is None:
+            relative_dims, relative_horizon = (meta.get("relative_action_dims", ()),
+                                               meta.get("relative_action_horizon"))
         return cls(stats, mode=mode or meta.get("mode", "mean_std"),
                    action_key=action_key or meta.get("action_key", "action"),
                    state_key=state_key or meta.get("state_key", "observation.state"),
-                   relative_dims=meta.get("relative_action_dims", ()) if relative_dims is None else relative_dims)
+                   relative_dims=relative_dims, relative_horizon=relative_horizon)
 
     def save(self, path: str) -> None:
         with open(path, "w") as f:
@@ -152,7 +180,8 @@ class NormStats:
 
     @classmethod
     def load(cls, path: str, mode: str | None = None, action_key: str | None = None,
-             state_key: str | None = None, relative_dims: Sequence[int] | None = None) -> "NormStats":
+             state_key: str | None = None, relative_dims: Sequence[int] | None = None,
+             relative_horizon: int | None = None) -> "NormStats":
         with open(path) as f:
             return cls.from_dict(json.load(f), mode=mode, action_key=action_key, state_key=state_key,
-                                 relative_dims=relative_dims)
+                                 relative_dims=relative_dims, relative_horizon=relative_horizon)

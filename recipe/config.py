@@ -168,6 +168,11 @@ def _check_values(cfg: DictConfig, source: str) -> None:
         require(source, len(set(rel)) == len(rel) and all(0 <= i < joint_dims for i in rel),
                 "dataset.relative_action_dims", rel,
                 f"distinct indices in [0, {joint_dims}) (common.action_dim and common.state_dim)")
+    if d.relative_action_horizon is not None:
+        require(source, bool(d.relative_action_dims), "dataset.relative_action_horizon", d.relative_action_horizon,
+                "null without dataset.relative_action_dims (it fades their distance from the state)")
+        require(source, isinstance(d.relative_action_horizon, int) and d.relative_action_horizon >= 1,
+                "dataset.relative_action_horizon", d.relative_action_horizon, "a positive number of actions or null")
     if d.type == "robotwin" and d.task_mode == "single" and not d.task_name:
         raise ConfigError(f"{source}: 'dataset.task_mode' is single but 'dataset.task_name' is not set")
     _check_serving(cfg.serving, source)

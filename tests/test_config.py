@@ -141,6 +141,8 @@ def test_every_schema_key_is_read_by_code(tmp_path):
     ("training.ema.start_step=-1", "'training.ema.start_step' is -1; expected an integer >= 0"),
     ("dataset.relative_action_dims=[1,1]", "'dataset.relative_action_dims' is [1, 1]; expected distinct indices in [0, "),
     ("dataset.relative_action_dims=[-1]", "'dataset.relative_action_dims' is [-1]; expected distinct indices in [0, "),
+    ("dataset.relative_action_horizon=8", "'dataset.relative_action_horizon' is 8; expected null without "
+     "dataset.relative_action_dims"),
 ])
 def test_cross_field_rules_fail_at_load(override, message):
     """Every rule between fields runs at load, before anything is built, with the same message style."""
@@ -152,6 +154,8 @@ def test_relative_actions_need_a_model_that_reads_the_state():
     with pytest.raises(ConfigError, match=re.escape("'dataset.relative_action_dims' is [0]; expected null with "
                                                     "model.mode pretrain")):
         load_config("configs/tiny.yaml", ["dataset.relative_action_dims=[0]", "model.mode=pretrain"])
+    with pytest.raises(ConfigError, match=re.escape("'dataset.relative_action_horizon' is 0; expected a positive")):
+        load_config("configs/tiny.yaml", ["dataset.relative_action_dims=[0]", "dataset.relative_action_horizon=0"])
 
 
 def test_overrides_on_both_sides_of_a_flag():

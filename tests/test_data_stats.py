@@ -127,3 +127,25 @@ def test_relative_action_dims_are_distances_from_the_condition_state(root, tmp_p
     assert NormStats.from_dict(older).relative_dims == []
     with pytest.raises(ValueError, match=r"relative to the state \(dims \[0, 2\]\) need the state"):
         stats.normalize_action(actions)
+
+
+def test_relative_action_horizon_fades_the_state_into_the_mean(root, tmp_path):
+    """dataset.relative_action_horizon k: action i of the chunk is learned as (a_i - w_i s - (1 - w_i) mean) / std
+    with w_i = max(0, 1 - i / k): the first action relative, from the k-th on absolute; unnormalize inverts
+    it for a batch, and the checkpoint's statistics carry the horizon."""
+    train, _, stats = build_datasets(make_cfg(tmp_path, root, relative_action_dims=[0, 2], relative_action_horizon=2))
+    x = direct(root, "action")
+    sample, ep = train.load((1, 3)), train.episodes[1]
+    actions = ep.action[[4, 5, 6, 7]]
+    want = (actions - x.mean(0)) / x.std(0)
+    for i, w in enumerate([1.0, 0.5, 0.0, 0.0]):
+        origin = w * ep.state[3][[0, 2]] + (1 - w) * x.mean(0)[[0, 2]]
+        want[i, [0, 2]] = (actions[i, [0, 2]] - origin) / x.std(0)[[0, 2]]
+    np.testing.assert_allclose(sample["actions"].numpy(), want, rtol=1e-4, atol=1e-5)
+    back = stats.unnormalize_action(sample["actions"][None], sample["state"][None])
+    np.testing.assert_allclose(back[0].numpy(), actions, rtol=1e-5, atol=1e-5)
+    again = NormStats.from_dict(stats.to_dict())
+    assert (again.relative_dims, again.relative_horizon) == ([0, 2], 2)
+    np.testing.assert_array_equal(again.normalize_action(actions, sample["state"].numpy()), sample["actions"].numpy())
+    with pytest.raises(ValueError, match="relative action horizon 0: expected a positive number"):
+        NormStats(stats.stats, relative_dims=[0], relative_horizon=0)

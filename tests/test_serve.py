@@ -117,22 +117,28 @@ def test_garbage_bytes_get_an_error_and_the_server_keeps_serving(server, referen
     assert proc.poll() is None
 
 
-def test_relative_action_dims_add_the_observed_state_back(reference):
+@pytest.mark.parametrize("horizon", [None, 3])
+def test_relative_action_dims_add_the_observed_state_back(reference, horizon):
     """dataset.relative_action_dims: the served action of such a dim is the model's output scaled, plus the
-    observed state (not the mean action); every other dim as before. The same model, seeds and inputs."""
+    observed state (not the mean action), faded into the mean over dataset.relative_action_horizon; every
+    other dim as before. The same model, seeds and inputs."""
     from dataclasses import replace
 
     from data.normalize import NormStats
     from inference.policy import Policy
 
     stats = reference.loaded.stats
-    relative = Policy(replace(reference.loaded, stats=NormStats.from_dict(stats.to_dict(), relative_dims=[0, 2])),
-                      num_steps=2)
+    fitted = NormStats.from_dict(stats.to_dict(), relative_dims=[0, 2], relative_horizon=horizon)
+    relative = Policy(replace(reference.loaded, stats=fitted), num_steps=2)
     obs = [observation(k) for k in range(2)]
     absolute, got = reference.infer(obs), relative.infer(obs)
     mean = np.asarray(stats.stats[stats.action_key]["mean"], np.float32)
     states = np.stack([o["observation/state"] for o in obs])
+    chunk = absolute.shape[1]
+    w = np.ones(chunk) if horizon is None else np.clip(1 - np.arange(chunk) / horizon, 0, 1)
     want = absolute.copy()
-    want[..., [0, 2]] += states[:, None, [0, 2]] - mean[[0, 2]]
+    want[..., [0, 2]] += w[None, :, None] * (states[:, None, [0, 2]] - mean[[0, 2]])
+    if horizon is not None:
+        np.testing.assert_array_equal(got[:, horizon:], absolute[:, horizon:])
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     assert not np.allclose(got, absolute, atol=1e-3)
