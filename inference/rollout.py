@@ -1,7 +1,7 @@
 """Closed-loop evaluation: a served policy acts in a simulator, and its success rate is reported.
 
     python -m inference.rollout --task transfer_cube (--checkpoint PATH [--which best] | --policy ws://HOST:PORT) \
-        --episodes 50 --out DIR [--seed S] [--workers W] [--replan K] [--steps T] [--videos N] \
+        --episodes 50 --out DIR [--seed S] [--workers W] [--replan K] [--steps T] [--videos N] [--record N] \
         [--baselines expert,hold] [--device cpu] [serving.key=value ...]
 
 Episode k runs on evaluation seed S + k (data.sim_env.EVAL_SEEDS, never a demonstration seed). The
@@ -13,8 +13,10 @@ and the keys sent (inference/rollout_server.py). Each answered chunk is executed
 which batches concurrent requests (serving.batch_window_ms). Baselines run on the same seeds without a
 server: `hold` holds the initial pose, `expert` replays data.aloha_expert's trajectory (ALOHA only).
 
-Writes report.json, report.md, rollout.png and the first --videos policy episodes as mp4 into a
-temporary folder renamed to --out at the end: --out holds a whole report or nothing.
+Writes report.json, report.md, rollout.png, the first --videos policy episodes as mp4 and the first
+--record ones as npz (every executed action, the state observed before it, the steps that queried
+a chunk: inference/rollout_episode.py) into a temporary folder renamed to --out at the end: --out
+holds a whole report or nothing.
 """
 import argparse
 import concurrent.futures
@@ -57,6 +59,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replan", type=int, default=None, help="steps executed per chunk (default: the whole chunk)")
     p.add_argument("--steps", type=int, default=None, help="episode cap (default: the task's registered cap)")
     p.add_argument("--videos", type=int, default=DEFAULT_VIDEOS, help="mp4s of the first N policy episodes")
+    p.add_argument("--record", type=int, default=0,
+                   help="npz of the first N policy episodes: executed actions, observed states, query steps")
     p.add_argument("--baselines", default=None,
                    help="comma-separated of hold, expert (default: expert,hold for ALOHA, hold for pusht; '' for none)")
     p.add_argument("--device", default="cpu", help="the served checkpoint's device (with --checkpoint)")
@@ -75,8 +79,9 @@ def check_args(args: argparse.Namespace, task: "SimTask") -> tuple[list[int], li
     if args.steps is not None and not 1 <= args.steps <= task.max_steps:
         raise RolloutError(f"--steps must lie in [1, {task.max_steps}] (task {task.name!r} is registered with "
                            f"{task.max_steps} steps), got {args.steps}")
-    if args.videos < 0:
-        raise RolloutError(f"--videos must be >= 0, got {args.videos}")
+    for flag, n in (("--videos", args.videos), ("--record", args.record)):
+        if n < 0:
+            raise RolloutError(f"{flag} must be >= 0, got {n}")
     if args.checkpoint is not None and not os.path.isdir(args.checkpoint):
         raise RolloutError(f"--checkpoint '{args.checkpoint}' is not a folder; expected a checkpoint_step_N folder, "
                            "a run folder or an exported folder")
@@ -123,8 +128,8 @@ def connect(uri: str, where: str) -> dict[str, Any]:
     return meta
 
 
-def run_episodes(plan: Plan, jobs: list[tuple[str, int, str | None]], workers: int) -> list[Episode]:
-    """jobs: [(arm, seed, video path or None)] -> Episodes in job order. One worker runs in this process
+def run_episodes(plan: Plan, jobs: list[tuple[str, int, str | None, str | None]], workers: int) -> list[Episode]:
+    """jobs: [(arm, seed, video path or None, record path or None)] -> Episodes in job order. One worker runs in this process
     (debuggable, and what tests monkeypatch); more run in spawned processes, each with its own env."""
     if workers == 1:
         init_worker(plan, ignore_sigint=False)
@@ -176,9 +181,9 @@ def rollout(args: argparse.Namespace, tmp: str, argv: list[str]) -> dict[str, An
             raise RolloutError(f"--replan must lie in [1, {chunk}] (the server's action chunk), got {replan}")
         steps = args.steps or task.max_steps
         plan = Plan(args.task, image_size, steps, replan, uri, roles)
-        jobs = [("policy", s, os.path.join(tmp, f"policy_seed{s}.mp4") if k < args.videos else None)
-                for k, s in enumerate(seeds)]
-        jobs += [(b, s, None) for b in baselines for s in seeds]
+        jobs = [("policy", s, os.path.join(tmp, f"policy_seed{s}.mp4") if k < args.videos else None,
+                 os.path.join(tmp, f"policy_seed{s}.npz") if k < args.record else None) for k, s in enumerate(seeds)]
+        jobs += [(b, s, None, None) for b in baselines for s in seeds]
         workers = min(args.workers or os.cpu_count() or 1, len(jobs))
         log.info("%d episodes (%s) on %d workers, seeds %d..%d", len(jobs), ", ".join(["policy", *baselines]),
                  workers, seeds[0], seeds[-1])

@@ -6,6 +6,10 @@ locally: "hold" sends the initial state as the action every step (the robot hold
 "expert" replays data.aloha_expert.expert_trajectory(task, seed) (ALOHA only). The episode ends at
 success (as the registered envs terminate) or after `steps` steps.
 
+A recorded episode writes an npz: `actions` [T, action_dim] as executed, `states` [T, state_dim] as
+observed before each action, `queries` (the steps whose action opened a new chunk) and `rewards`;
+where a chunk joins the next is where policies with open-loop chunks tend to jerk.
+
 The simulator renders only when the policy needs a picture (once per chunk) or, in a video episode,
 once per step; every second of the episode is booked as simulator (reset, physics, rendering), policy
 (the server round trip) or rest (this module's own work).
@@ -55,6 +59,7 @@ class Episode:
     rewards: List[float]
     latencies_ms: List[float]
     video: Optional[str] = None
+    record: Optional[str] = None
 
     @property
     def rest_s(self) -> float:
@@ -121,8 +126,9 @@ def upscale(frame: np.ndarray) -> np.ndarray:
     return frame.repeat(k, axis=0).repeat(k, axis=1)
 
 
-def run_episode(arm: str, seed: int, video_path: Optional[str] = None) -> Episode:
-    """Run one episode in this worker's env; `video_path`: write an mp4 of every step there."""
+def run_episode(arm: str, seed: int, video_path: Optional[str] = None, record_path: Optional[str] = None) -> Episode:
+    """Run one episode in this worker's env; `video_path`: write an mp4 of every step there; `record_path`:
+    the npz of its actions, states and queries."""
     plan, env = _worker["plan"], _worker["env"]
     task = env.task
     sim, pol = _Clock(), _Clock()
@@ -137,6 +143,7 @@ def run_episode(arm: str, seed: int, video_path: Optional[str] = None) -> Episod
     chunk, success = none, False
     rewards: List[float] = []
     latencies: List[float] = []
+    actions, states, queries = [], [], []
     for t in range(plan.steps):
         if arm == "hold":
             action = initial
@@ -150,7 +157,12 @@ def run_episode(arm: str, seed: int, video_path: Optional[str] = None) -> Episod
                 with sim:
                     state = env.state()
                 chunk = _query(plan, task, frame, state, latencies, pol, seed, t)
+                queries.append(t)
             action = chunk[t % plan.replan]
+        if record_path is not None:
+            with sim:
+                states.append(env.state())
+            actions.append(action)
         with sim:
             reward, success = env.step(action)
             frame = env.render() if video_path is not None else None
@@ -161,9 +173,13 @@ def run_episode(arm: str, seed: int, video_path: Optional[str] = None) -> Episod
             break
     if video_path is not None:
         _write_video(video_path, frames, task.fps)
+    if record_path is not None:
+        np.savez(record_path, actions=np.asarray(actions, np.float32), states=np.asarray(states, np.float32),
+                 queries=np.asarray(queries, np.int64), rewards=np.asarray(rewards, np.float64))
     wall = time.perf_counter() - start
     return Episode(arm, seed, bool(success), float(max(rewards)), len(rewards), wall, sim.total, pol.total,
-                   rewards, latencies, os.path.basename(video_path) if video_path else None)
+                   rewards, latencies, os.path.basename(video_path) if video_path else None,
+                   os.path.basename(record_path) if record_path else None)
 
 
 def _query(plan: Plan, task: "SimTask", image: np.ndarray, state: np.ndarray, latencies: List[float], clock: _Clock,

@@ -36,7 +36,8 @@ def summarise(episodes: Sequence["Episode"]) -> dict[str, Any]:
            "mean_max_reward": float(np.mean([e.max_reward for e in episodes])),
            "per_episode": [{"seed": e.seed, "success": e.success, "max_reward": e.max_reward, "steps": e.steps,
                             "wall_s": round(e.wall_s, 4), "rewards": e.rewards,
-                            **({"video": e.video} if e.video else {})}
+                            **({"video": e.video} if e.video else {}),
+                            **({"record": e.record} if e.record else {})}
                            for e in episodes]}
     if latencies:
         out["latency_ms"] = {"p50": float(np.percentile(latencies, 50)), "p99": float(np.percentile(latencies, 99)),

@@ -157,7 +157,7 @@ def test_expert_baseline_replays_the_expert_s_trajectory_and_holds_its_last_pose
     uri, _ = constant_server("transfer_cube", start, 4, (24, 32))
     out = tmp_path / "report"
     report = rollout("--task", "transfer_cube", "--policy", uri, "--episodes", 2, "--steps", 10, "--workers", 1,
-                     "--videos", 0, "--out", out)  # default baselines for ALOHA: expert and hold
+                     "--videos", 0, "--record", 1, "--out", out)  # default baselines for ALOHA: expert and hold
     assert list(report["results"]) == ["policy", "expert", "hold"]
     seeds = report["seeds"]
     assert calls == [("transfer_cube", s) for s in seeds]
@@ -166,6 +166,22 @@ def test_expert_baseline_replays_the_expert_s_trajectory_and_holds_its_last_pose
         assert row["rewards"] == by_hand("transfer_cube", seed, 10, lambda t, s: trajectory[min(t, 6)], (24, 32))
         assert row["steps"] == 10
     assert report["results"]["policy"]["latency_ms"]["queries"] == 2 * 3  # steps 0, 4, 8
+
+    # --record 1: the first policy episode's executed actions, the states before them and its query steps
+    first = report["results"]["policy"]["per_episode"][0]
+    assert first["record"] == f"policy_seed{seeds[0]}.npz"
+    assert "record" not in report["results"]["policy"]["per_episode"][1]
+    assert sorted(p for p in os.listdir(out) if p.endswith(".npz")) == [first["record"]]
+    recorded = np.load(out / first["record"])
+    env = sim("transfer_cube", (24, 32))
+    env.reset(seeds[0])
+    states = []
+    for _ in range(10):
+        states.append(env.state())
+        env.step(start)
+    np.testing.assert_array_equal(recorded["states"], np.stack(states))
+    np.testing.assert_array_equal(recorded["actions"], np.tile(start, (10, 1)))
+    assert recorded["queries"].tolist() == [0, 4, 8] and recorded["rewards"].tolist() == first["rewards"]
 
     def bad_expert(task_name, seed):
         return np.zeros((5, 7), np.float32)
@@ -191,6 +207,7 @@ def test_bad_input_gets_one_message_and_leaves_nothing(constant_server, tmp_path
         (["--task", "pusht", "--seed", 5], r"evaluation seeds must lie in \[1000000, 2000000\); got \[5, 6\]"),
         (["--task", "pusht", "--replan", 9], r"--replan must lie in \[1, 8\] \(the server's action chunk\), got 9"),
         (["--task", "pusht", "--steps", 301], r"--steps must lie in \[1, 300\]"),
+        (["--task", "pusht", "--record", -1], r"--record must be >= 0, got -1"),
         (["--task", "pusht", "--policy", f"ws://127.0.0.1:{free_port()}"],
          r"cannot connect to the policy server at ws://127.0.0.1:\d+ \(ConnectionRefusedError"),
         (["--task", "pusht", "--checkpoint", tmp_path / "nowhere"], r"--checkpoint '\S+nowhere' is not a folder"),
