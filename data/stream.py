@@ -134,7 +134,11 @@ class ValLoader:
     """A finite, re-iterable loader over this rank's share of the validation windows.
 
     The windows are padded (wrapping around) to a multiple of world_size so every rank runs
-    the same number of batches: validation makes collective calls on every rank.
+    the same number of batches: validation makes collective calls on every rank. Its workers are
+    forked once, at the first validation, and kept (persistent_workers): a fork at every validation
+    (every system.val_interval steps) sometimes froze the forked child for good in CPython 3.11's
+    after-fork thread clean-up while another thread of the rank held the interpreter's thread lock,
+    and the rank then waited for its validation batch forever.
     """
 
     def __init__(self, dataset: WindowSource[Any], batch_size: int, rank: int, world_size: int, num_workers: int = 0,
@@ -148,15 +152,15 @@ class ValLoader:
         self.data = FixedWindows(dataset, self.windows, skip_bad_samples)
         self.batch_size, self.num_workers = batch_size, num_workers
         self.bad = BadSampleLog()
+        self.loader = torch.utils.data.DataLoader(self.data, batch_size=batch_size, shuffle=False,
+                                                  num_workers=num_workers, collate_fn=collate_reporting,
+                                                  worker_init_fn=worker_init_fn, persistent_workers=num_workers > 0)
 
     def __len__(self) -> int:
         return -(-len(self.windows) // self.batch_size)
 
     def __iter__(self) -> Iterator[DataBatch]:
-        loader = torch.utils.data.DataLoader(self.data, batch_size=self.batch_size, shuffle=False,
-                                             num_workers=self.num_workers, collate_fn=collate_reporting,
-                                             worker_init_fn=worker_init_fn)
         with workers_started_blocked():
-            batches = iter(loader)
+            batches = iter(self.loader)
         for batch in batches:
             yield self.bad.take(batch)

@@ -133,3 +133,30 @@ def test_validation_is_held_out_finite_and_sharded(root, tmp_path):
     _same(again[0], batches[0][0])
     default = make_cfg(tmp_path, root, val_fraction=0.34)
     assert sorted(e.index for e in build_datasets(default)[1].episodes) == [4, 5]
+
+
+def test_validation_workers_are_forked_once_and_serve_every_validation(root, tmp_path, monkeypatch):
+    """With workers, every validation after the first reuses the first one's processes (no fork per
+    validation) and yields the same batches, also after a validation that stopped early."""
+    from omegaconf import OmegaConf
+    from torch.utils.data import dataloader
+
+    cfg = make_cfg(tmp_path, root, val_episodes=[1, 4])
+    _, val, _ = build_datasets(cfg)
+    starts = []
+    real = dataloader._MultiProcessingDataLoaderIter.__init__
+
+    def counted(self, loader):
+        starts.append(loader)
+        real(self, loader)
+    monkeypatch.setattr(dataloader._MultiProcessingDataLoaderIter, "__init__", counted)
+    reference = list(build_val_loader(val, cfg, 0, 1))  # no workers: no process started
+    assert starts == [] and len(reference) == 2
+    loader = build_val_loader(val, OmegaConf.merge(cfg, {"system": {"num_workers": 1}}), 0, 1)
+    for _ in range(3):
+        next(iter(loader))  # a validation that stops after one batch (system.val_batches)
+        got = list(loader)
+        for a, b in zip(got, reference):
+            _same(a, b)
+        assert len(got) == 2
+    assert len(starts) == 1
