@@ -68,7 +68,7 @@ class NormStats:
             raise ValueError(f"relative action horizon {relative_horizon}: expected a positive number of actions "
                              "with relative action dims, or None")
         self.relative_horizon = None if relative_horizon is None else int(relative_horizon)
-        self._relative_center = np.zeros(len(self.relative_dims), dtype=np.float32)
+        self._relative_center: np.ndarray = np.zeros(len(self.relative_dims), dtype=np.float32)
         if self.relative_dims and mode != "none" and state_key not in self.stats:
             raise ValueError(f"relative action dims {self.relative_dims} need statistics of '{state_key}'; "
                              f"they have {sorted(self.stats)}")
