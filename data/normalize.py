@@ -69,6 +69,7 @@ class NormStats:
                              "with relative action dims, or None")
         self.relative_horizon = None if relative_horizon is None else int(relative_horizon)
         self._relative_center: np.ndarray = np.zeros(len(self.relative_dims), dtype=np.float32)
+        self._fades: dict[tuple[int, str, str], tuple[Any, Any]] = {}  # _fade's, per chunk length, dtype, device
         if self.relative_dims and mode != "none" and state_key not in self.stats:
             raise ValueError(f"relative action dims {self.relative_dims} need statistics of '{state_key}'; "
                              f"they have {sorted(self.stats)}")
@@ -133,14 +134,25 @@ class NormStats:
             x = x.copy()
         origin = raw[..., None, d]
         if self.relative_horizon is not None:
-            w = np.clip(1.0 - np.arange(x.shape[-2]) / self.relative_horizon, 0.0, 1.0)[:, None]
-            w, center = w.astype(np.float32), self._relative_center
-            if isinstance(x, torch.Tensor):
-                w = torch.as_tensor(w, dtype=x.dtype, device=x.device)
-                center = torch.as_tensor(center, dtype=x.dtype, device=x.device)
-            origin = w * origin + (1 - w) * center
+            fade, center = self._fade(x)
+            origin = fade * origin + (1 - fade) * center
         x[..., d] += sign * origin
         return x
+
+    def _fade(self, like: Values) -> tuple[Any, Any]:
+        """(w [chunk, 1] with w_i = max(0, 1 - i/k), the relative dims' action center) as `like`'s type,
+        dtype and device: built once per chunk length, so a server does not upload them at every query."""
+        assert self.relative_horizon is not None
+        key = (like.shape[-2], str(like.dtype), str(getattr(like, "device", "numpy")))
+        if key not in self._fades:
+            w = np.clip(1.0 - np.arange(like.shape[-2]) / self.relative_horizon, 0.0, 1.0)[:, None]
+            center = self._relative_center
+            if isinstance(like, torch.Tensor):
+                self._fades[key] = (torch.as_tensor(w, dtype=like.dtype, device=like.device),
+                                    torch.as_tensor(center, dtype=like.dtype, device=like.device))
+            else:
+                self._fades[key] = (w.astype(like.dtype), center.astype(like.dtype))
+        return self._fades[key]
 
     def normalize_state(self, x: Values) -> Values:
         return self._apply(self._state_entry(), x, inverse=False)

@@ -145,6 +145,7 @@ def run_episode(arm: str, seed: int, video_path: Optional[str] = None, record_pa
     latencies: List[float] = []
     actions, states, queries = [], [], []
     for t in range(plan.steps):
+        state = None  # read once a step, by the query or the record, whichever comes first
         if arm == "hold":
             action = initial
         elif arm == "expert":
@@ -160,8 +161,10 @@ def run_episode(arm: str, seed: int, video_path: Optional[str] = None, record_pa
                 queries.append(t)
             action = chunk[t % plan.replan]
         if record_path is not None:
-            with sim:
-                states.append(env.state())
+            if state is None:
+                with sim:
+                    state = env.state()
+            states.append(state)
             actions.append(action)
         with sim:
             reward, success = env.step(action)

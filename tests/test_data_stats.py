@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from data import NormStats, build_datasets
 from data.normalize import compute_feature_stats
@@ -147,5 +148,9 @@ def test_relative_action_horizon_fades_the_state_into_the_mean(root, tmp_path):
     again = NormStats.from_dict(stats.to_dict())
     assert (again.relative_dims, again.relative_horizon) == ([0, 2], 2)
     np.testing.assert_array_equal(again.normalize_action(actions, sample["state"].numpy()), sample["actions"].numpy())
+    # the fade is kept per chunk length, dtype and device: a shorter float64 tensor chunk after the numpy one
+    short = again.normalize_action(torch.as_tensor(actions[:3], dtype=torch.float64), sample["state"].double())
+    assert short.dtype == torch.float64
+    np.testing.assert_allclose(short.numpy(), want[:3], rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="relative action horizon 0: expected a positive number"):
         NormStats(stats.stats, relative_dims=[0], relative_horizon=0)
