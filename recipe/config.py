@@ -149,6 +149,8 @@ def _check_values(cfg: DictConfig, source: str) -> None:
         (cfg.system.total_limit is None or cfg.system.total_limit >= 1, "system.total_limit",
          cfg.system.total_limit, "null (keep all) or a positive integer"),
         (cfg.system.num_workers >= 0, "system.num_workers", cfg.system.num_workers, "an integer >= 0"),
+        (cfg.system.hang_timeout_minutes is None or cfg.system.hang_timeout_minutes > 0, "system.hang_timeout_minutes",
+         cfg.system.hang_timeout_minutes, "null (never) or a positive number of minutes"),
         (cfg.serving.batch_window_ms >= 0, "serving.batch_window_ms", cfg.serving.batch_window_ms, "a number >= 0"),
     ]
     for ok, key, value, expected in rules:

@@ -136,6 +136,7 @@ def test_every_schema_key_is_read_by_code(tmp_path):
      "expected steps >= 0 and videos >= 1"),
     ("dataset.weights=[1,2]", "'dataset.weights' is [1.0, 2.0]; expected one non-negative number per dataset_dir"),
     ("system.total_limit=0", "expected null (keep all) or a positive integer"),
+    ("system.hang_timeout_minutes=0", "'system.hang_timeout_minutes' is 0.0; expected null (never) or a positive number"),
     ("training.ema.decay=1.0", "'training.ema.decay' is 1.0; expected a number in [0, 1)"),
     ("training.ema.update_every=0", "'training.ema.update_every' is 0; expected a positive integer"),
     ("training.ema.start_step=-1", "'training.ema.start_step' is -1; expected an integer >= 0"),

@@ -416,6 +416,22 @@ def test_a_run_folder_rank0_cannot_write_stops_every_rank(tmp_path):
     assert "[rank 1] error: another rank failed during start-up" in log, log[-3000:]
 
 
+@pytest.mark.distributed
+def test_a_hung_rank_exits_with_its_stack_and_the_run_resumes_from_its_last_save(tmp_path):
+    """Rank 1 waits forever for step 3's batch while rank 0 waits for it in the step's all-reduce
+    (the group timeout, 60 minutes, would hold both): the watchdog prints where the rank hangs and
+    ends the run non-zero; the step-2 save resumes."""
+    overrides = ["system.save_interval=2", "training.max_steps=6"]
+    result = train(tmp_path, 2, "hang", overrides + ["system.hang_timeout_minutes=0.25"], deepspeed=None,
+                   script=os.path.join(ROOT, "tests", "hang_launcher.py"), env={"HANG_STEP": "3"}, check=False)
+    log = result.stdout + result.stderr
+    assert result.returncode != 0 and "Training finished" not in log, log[-3000:]
+    assert "Timeout (0:00:15)!" in log and "in wait_for_a_batch_that_never_comes" in log, log[-3000:]
+    assert steps_of(ck.complete_checkpoints(run_dir(tmp_path, "hang"))) == [2]
+    train(tmp_path, 2, "hang", overrides + ["resume.checkpoint_path=auto"], deepspeed=None)
+    assert [r["step"] for r in metrics(tmp_path, "hang")][-4:] == [3, 4, 5, 6]
+
+
 # DeepSpeed without ZeRO (stage 0, fp32) steps the client optimizer itself: the engine drops the
 # non-finite gradients first. One process, a linear model, AdamW.
 @pytest.mark.distributed

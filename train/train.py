@@ -7,8 +7,8 @@ Also runs under the `deepspeed` launcher and `accelerate launch`; see TRAINING.m
 
 Read top-down: `setup` builds the run's named parts (`Training`), `train_step` is one optimizer update
 (its micro-batches, the update with the EMA, the non-finite guard), `train` is the loop (validation,
-logging, the checkpointer's `maybe_save`, preemption) and returns the exit code, and `finish` is the one
-way out.
+logging, the checkpointer's `maybe_save`, preemption, the hang watchdog) and returns the exit code,
+and `finish` is the one way out.
 """
 import argparse
 import logging
@@ -42,6 +42,7 @@ from train.record import make_record  # noqa: E402
 from train.step_inputs import noise_seeds, seed_everything, to_device  # noqa: E402
 from train.trainer_state import TrainerState  # noqa: E402
 from train.validation import validate_raw_and_ema  # noqa: E402
+from train.watchdog import Watchdog  # noqa: E402
 from utils import dist  # noqa: E402
 from utils.config import ConfigError, quote  # noqa: E402
 from utils.metrics import Metrics, quiet_library_bars  # noqa: E402
@@ -296,24 +297,28 @@ def train(t: Training, preemption: PreemptionFlag) -> int:
     cfg = t.cfg
     t.engine.train()
     window, first_step = Window(), t.state.step
-    while t.state.step < cfg.training.max_steps:
-        step = t.state.step + 1
-        out = train_step(t, step)
-        if step == first_step + 1:  # the optimizer's state exists from its first step
-            log.info(t.engine.optimizer_state_report())
-        t.state.step, t.state.samples_seen = step, t.state.samples_seen + t.samples_per_step
-        window.steps += 1
-        last = step == cfg.training.max_steps
-        window = log_step(t, step, out, window, last)
-        t.guard.check()  # too many non-finite steps in a row: stop without saving
-        preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
-        saved = t.checkpointer.maybe_save(step, last, preempted)
-        if saved is not None:
-            t.evaluator.after_save(step, saved)  # a due checkpoint's evaluation starts beside training
-        if preempted:
-            log.warning("preempted (%s): saved step %d, exiting with %d for requeue",
-                        preemption.signal, step, REQUEUE_EXIT_CODE)
-            return REQUEUE_EXIT_CODE
+    with Watchdog(cfg.system.hang_timeout_minutes) as watchdog:  # a rank that stops progressing exits
+        while t.state.step < cfg.training.max_steps:
+            step = t.state.step + 1
+            out = train_step(t, step)
+            watchdog.progress()
+            if step == first_step + 1:  # the optimizer's state exists from its first step
+                log.info(t.engine.optimizer_state_report())
+            t.state.step, t.state.samples_seen = step, t.state.samples_seen + t.samples_per_step
+            window.steps += 1
+            last = step == cfg.training.max_steps
+            window = log_step(t, step, out, window, last)
+            watchdog.progress()
+            t.guard.check()  # too many non-finite steps in a row: stop without saving
+            preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
+            saved = t.checkpointer.maybe_save(step, last, preempted)
+            watchdog.progress()
+            if saved is not None:
+                t.evaluator.after_save(step, saved)  # a due checkpoint's evaluation starts beside training
+            if preempted:
+                log.warning("preempted (%s): saved step %d, exiting with %d for requeue",
+                            preemption.signal, step, REQUEUE_EXIT_CODE)
+                return REQUEUE_EXIT_CODE
     return 0
 
 
