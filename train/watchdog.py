@@ -6,8 +6,8 @@ a stalled network file system), a kernel that never returns. Then its peers wait
 collective and the job holds its nodes doing nothing; a SIGTERM does not help either, because the
 preemption handler saves at the next step boundary, which never comes.
 
-The trainer re-arms this watchdog after every step, every validation and logging, and every save.
-If `system.hang_timeout_minutes` pass without one, Python's faulthandler prints every thread's stack
+The trainer re-arms this watchdog once per iteration of its loop: a step with its validation,
+logging and save. If `system.hang_timeout_minutes` pass without one, Python's faulthandler prints every thread's stack
 to stderr under a `Timeout (H:MM:SS)!` line (where the rank hangs), and ends the process with exit
 code 1: the launcher stops the other ranks, and the run resumes from its last save. faulthandler
 waits in a C thread of its own, so it fires even when the hung thread holds the GIL.
@@ -22,7 +22,7 @@ class Watchdog:
         self.seconds = None if minutes is None else float(minutes) * 60
 
     def progress(self) -> None:
-        """A phase ended: the next one has the whole timeout (re-arming cancels the pending one)."""
+        """An iteration ended: the next one has the whole timeout (re-arming cancels the pending one)."""
         if self.seconds is not None:
             faulthandler.dump_traceback_later(self.seconds, exit=True, file=sys.stderr)
 
