@@ -51,6 +51,7 @@ VAE_FIT = "weighted_mse_frames_then_clips_v2"  # in the stamp, with fit.record()
 # clips (the temporal layers); how many steps of each is model.tiny_vae_fit (see fit_vae)
 FRAME_BATCH, CLIP_BATCH, FIT_LR = 16, 8, 1e-3
 COLOUR_WEIGHT = 20.0
+FIT_LOG_EVERY = 50  # steps between progress lines
 # larger frames are fitted on random crops of this size: the VAE is convolutional, so a crop teaches it
 # the same objects at the same scale, and the fit's cost stays that of a 96x128 frame
 FIT_CROP = (96, 128)
@@ -141,8 +142,9 @@ def fit_vae(vae: "AutoencoderKLWan", x: torch.Tensor, gen: torch.Generator,
     frames = x.transpose(1, 2).reshape(-1, x.shape[1], 1, *x.shape[3:])  # every frame as a 1-frame clip
     opt = torch.optim.Adam(vae.parameters(), lr=FIT_LR)
     vae.train()
-    for data, steps, batch in ((frames, fit.frame_steps, FRAME_BATCH), (x, fit.clip_steps, CLIP_BATCH)):
-        for _ in range(steps):
+    for stage, data, steps, batch in (("frame", frames, fit.frame_steps, FRAME_BATCH),
+                                      ("clip", x, fit.clip_steps, CLIP_BATCH)):
+        for i in range(steps):
             b = random_crops(data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)], gen)
             weight = 1 + COLOUR_WEIGHT * (b.max(dim=1, keepdim=True).values - b.min(dim=1, keepdim=True).values)
             rec = vae.decode(vae.encode(b).latent_dist.mean).sample
@@ -150,6 +152,8 @@ def fit_vae(vae: "AutoencoderKLWan", x: torch.Tensor, gen: torch.Generator,
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if (i + 1) % FIT_LOG_EVERY == 0:  # a long fit (minutes to an hour on a CPU) shows it moves
+                log.info("tiny VAE fit: %s step %d/%d, weighted MSE %.4f", stage, i + 1, steps, loss.item())
     vae.eval().requires_grad_(False)
     log.info("fitted the tiny VAE to %d videos: %d frame + %d clip steps, final weighted MSE %.4f, %.1f s "
              "(%.1f CPU s)", len(x), fit.frame_steps, fit.clip_steps, loss.item(), time.perf_counter() - start,
