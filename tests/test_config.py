@@ -98,9 +98,11 @@ def test_every_schema_key_is_read_by_code(tmp_path):
     import sys
 
     from omegaconf import OmegaConf
-    from tests.helpers import ROOT
+    from tests.helpers import ROOT, prepare_generated
     from recipe.schema import Config
     from utils.config import all_keys
+
+    prepare_generated("configs/tiny.yaml")  # the VAE fit, on a loaded machine, outside the runs' timeout
 
     runs = [["training.max_steps=2", "system.save_interval=1", "system.val_interval=1", "system.val_batches=1",
              "training.scheduler_type=cosine", "logging.report_to=all", "logging.wandb_mode=offline",
