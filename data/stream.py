@@ -150,14 +150,13 @@ class ValLoader:
         padded = [windows[i % len(windows)] for i in range(per_rank * world_size)]
         self.windows = padded[rank::world_size]
         self.data = FixedWindows(dataset, self.windows, skip_bad_samples)
-        self.batch_size, self.num_workers = batch_size, num_workers
         self.bad = BadSampleLog()
         self.loader = torch.utils.data.DataLoader(self.data, batch_size=batch_size, shuffle=False,
                                                   num_workers=num_workers, collate_fn=collate_reporting,
                                                   worker_init_fn=worker_init_fn, persistent_workers=num_workers > 0)
 
     def __len__(self) -> int:
-        return -(-len(self.windows) // self.batch_size)
+        return len(self.loader)
 
     def __iter__(self) -> Iterator[DataBatch]:
         with workers_started_blocked():
