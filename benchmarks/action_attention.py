@@ -2,7 +2,7 @@
 frame, at the first query of transfer_cube episodes, measured against where the cube is.
 
     python benchmarks/action_attention.py --checkpoint RUN/checkpoint_step_N [--checkpoint ...] \
-        [--seeds 1000000-1000049] [--out benchmarks/results/action_attention]
+        [--seeds 1000000-1000049] [--out benchmarks/results/action_attention.json]
 
 For each seed the simulator's first observation (the start pose, the cube where the seed puts it,
 rendered at the recipe's size) is served to the checkpoint as `inference.serve` serves it
@@ -137,7 +137,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", action="append", required=True, help="a checkpoint_step_N folder (repeat)")
     parser.add_argument("--seeds", default="1000000-1000049", help="evaluation seeds, e.g. 1000000-1000049")
-    parser.add_argument("--out", default="benchmarks/results/action_attention")
+    parser.add_argument("--out", default="benchmarks/results/action_attention.json")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     results = [measure(c, parse_seeds(args.seeds)) for c in args.checkpoint]
@@ -150,9 +150,9 @@ def main() -> None:
                   f"{100 * f['actions']:.1f}% | {100 * f['cube']:.2f}% | "
                   f"{f['lift']:.2f} | {100 * f['peak']:.0f}% |")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
+    with open(args.out, "w") as f:
         json.dump({"seeds": args.seeds, "checkpoints": results}, f, indent=1)
-    print(f"written {args.out}.json")
+    print(f"written {args.out}")
 
 
 if __name__ == "__main__":

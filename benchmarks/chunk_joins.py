@@ -2,7 +2,7 @@
 
     python -m inference.rollout --task transfer_cube --checkpoint RUN --which best --episodes 150 \
         --seed 1000050 --record 150 --videos 0 --baselines '' --out ROLLOUT
-    python benchmarks/chunk_joins.py ROLLOUT [ROLLOUT ...] [--out benchmarks/results/chunk_joins]
+    python benchmarks/chunk_joins.py ROLLOUT [ROLLOUT ...] [--out benchmarks/results/chunk_joins.json]
 
 `--record` writes each policy episode's executed actions, the states observed before them and the
 steps that opened a chunk (inference/rollout_episode.py). Per rollout, on the twelve arm joints
@@ -67,7 +67,7 @@ def summarise(folder: str) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rollouts", nargs="+", help="inference.rollout --out folders rolled out with --record")
-    parser.add_argument("--out", default="benchmarks/results/chunk_joins")
+    parser.add_argument("--out", default="benchmarks/results/chunk_joins.json")
     args = parser.parse_args()
     results = [summarise(f) for f in args.rollouts]
     print("| rollout | episodes | success | join step: mean / p95 | chunk step: mean / p95 | lead at a join "
@@ -78,9 +78,9 @@ def main() -> None:
               f"{r['join_step_p95']:.3f} | {r['chunk_step_mean']:.3f} / {r['chunk_step_p95']:.3f} | "
               f"{r['lead_mean']:.3f} | {r['lifted_not_finished']} | {r['dropped_at_a_join']} |")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
+    with open(args.out, "w") as f:
         json.dump({"results": results, "command": ["python", *sys.argv]}, f, indent=1)
-    print(f"wrote {args.out}.json")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 transfer_cube episodes, each action measured against the expert's action at the same step.
 
     python benchmarks/chunk_start.py --checkpoint RUN/checkpoint_step_N [--checkpoint ...] \
-        [--seeds 1000000-1000019] [--every 32] [--out benchmarks/results/chunk_start]
+        [--seeds 1000000-1000019] [--every 32] [--out benchmarks/results/chunk_start.json]
 
 For each seed the expert's joint actions (`data.aloha_expert.expert_trajectory`) drive the
 simulator; every `--every` steps up to step 160 (lift and hand-over included) the rendered frame
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", action="append", required=True, help="a checkpoint_step_N folder (repeat)")
     parser.add_argument("--seeds", default="1000000-1000019", help="evaluation seeds, e.g. 1000000-1000019")
     parser.add_argument("--every", type=int, default=32, help="steps between queries along the expert's episode")
-    parser.add_argument("--out", default="benchmarks/results/chunk_start")
+    parser.add_argument("--out", default="benchmarks/results/chunk_start.json")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     results = [measure(c, parse_seeds(args.seeds), args.every) for c in args.checkpoint]
@@ -97,9 +97,9 @@ def main() -> None:
                                                                   for k in offsets)
               + f" | {r['lead']:.3f} | {r['expert_lead']:.3f} |")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
+    with open(args.out, "w") as f:
         json.dump({"seeds": args.seeds, "every": args.every, "checkpoints": results}, f, indent=1)
-    print(f"written {args.out}.json")
+    print(f"written {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Does a VAE's latent place transfer_cube's cube? The decoded picture of held-out frames, measured.
 
     python benchmarks/decoded_cube.py --config configs/aloha_sim.yaml --vae assets/tiny_aloha/vae \
-        [--vae OTHER_VAE ...] [--windows 40] [--out benchmarks/results/decoded_cube]
+        [--vae OTHER_VAE ...] [--windows 40] [--out benchmarks/results/decoded_cube.json]
 
 The policy reads the condition frame through the frozen VAE's latent, so a cube the latent blurs or
 shifts is a cube the action expert cannot reach precisely. This script reads windows of the recipe's
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--config", required=True, help="the recipe whose validation episodes are read")
     parser.add_argument("--vae", action="append", required=True, help="a diffusers AutoencoderKLWan folder (repeat)")
     parser.add_argument("--windows", type=int, default=40)
-    parser.add_argument("--out", default="benchmarks/results/decoded_cube")
+    parser.add_argument("--out", default="benchmarks/results/decoded_cube.json")
     args = parser.parse_args()
     clips = held_out_clips(args.config, args.windows)
     rows = {path: compare(clips, decode(path, clips)) for path in args.vae}
@@ -96,9 +96,9 @@ def main() -> None:
         print(f"| {path} | {r['frames_with_cube']} | {100 * r['shown']:.0f}% | {r['error_px_median']:.2f} / "
               f"{r['error_px_mean']:.2f} / {r['error_px_p90']:.2f} | {r['psnr_db']:.1f} dB |")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
+    with open(args.out, "w") as f:
         json.dump({"config": args.config, "windows": len(clips), "vaes": rows}, f, indent=1)
-    print(f"written {args.out}.json")
+    print(f"written {args.out}")
 
 
 if __name__ == "__main__":

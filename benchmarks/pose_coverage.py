@@ -1,7 +1,7 @@
 """Do the policy's failures sit between the demonstrations' cube poses? (The demo-density question.)
 
     python benchmarks/pose_coverage.py --reports RUN_DIR [REPORT.json ...] [--demos assets/aloha_demos50] \
-        [--demo-seeds 0-20,22-50] [--val-fraction 0.1] [--out benchmarks/results/pose_coverage]
+        [--demo-seeds 0-20,22-50] [--val-fraction 0.1] [--out benchmarks/results/pose_coverage.json]
 
 gym-aloha places transfer_cube's cube from the episode's seed alone (`gym_aloha.utils.sample_box_pose`:
 x uniform in [0, 0.2] m, y in [0.4, 0.6] m), so the seeds of a rollout report and of a demonstrations
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--demos", default="assets/aloha_demos50")
     parser.add_argument("--demo-seeds", default=None, help="the folder's episode seeds in order, e.g. 0-20,22-50")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="the run's dataset.val_fraction")
-    parser.add_argument("--out", default="benchmarks/results/pose_coverage")
+    parser.add_argument("--out", default="benchmarks/results/pose_coverage.json")
     args = parser.parse_args()
     seeds = demo_seeds(args.demos, args.demo_seeds)
     train, _ = split_episodes(range(len(seeds)), None, args.val_fraction)
@@ -123,7 +123,7 @@ def main() -> None:
     print(f"mean distance: successes {result['mean_distance_cm_success']} cm, failures "
           f"{result['mean_distance_cm_failure']} cm")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
+    with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 
 
