@@ -6,7 +6,9 @@
 Seeds S, S+1, ... (from data.sim_env.DEMO_SEEDS) are given to the scripted expert
 (data/aloha_expert.py), whose joint-space actions are replayed in the task's joint-space env
 (data.sim_env.make_env, the scene gym.make(gym_id) builds for that seed). Only episodes the replay
-solves are kept, until --episodes are; an episode ends --tail steps after the step that solved it.
+solves by a hand-over are kept (the right gripper holds the cube off the table before the left one
+takes it: data.aloha_expert.handover_step), until --episodes are; an episode ends --tail steps after
+the step that solved it.
 Each kept episode is replayed a second time, rendering the camera before every action: a rendered
 frame costs ~90 ms on a CPU, a physics step ~1 ms, so frames are rendered for kept episodes only.
 Seeds are spread over --workers processes, each with its own env.
@@ -28,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from data.aloha_expert import EXPERT_TASKS, SOLVED, expert_trajectory, handover_step
 from data.lerobot_writer import LeRobotWriter
 from data.sim_env import DEMO_SEEDS, SimEnv, SimTask, SimTaskError, check_seeds, get_task, make_env
 
@@ -48,26 +51,23 @@ def features(task: SimTask, image_size: Tuple[int, int]) -> dict:
 
 def replay(env: SimEnv, seed: int, actions: np.ndarray, render: bool, stop: Optional[int] = None) -> Dict[str, Any]:
     """Execute `actions` from the scene of `seed` (the first `stop` of them when given). Returns the
-    step that solved the task (-1: none) and, per executed step, the state (and frame) before it."""
+    step that solved the task by a hand-over (-1: none; `handover_step`) and, per executed step, the
+    state (and frame) before it."""
     env.reset(seed, observe=False)
-    states, frames, solved = [], [], -1
-    for t, action in enumerate(actions[:stop]):
+    states, frames, rewards = [], [], []
+    for action in actions[:stop]:
         states.append(env.state())
         if render:
             frames.append(env.render())
-        _, success = env.step(action)
-        if success and solved < 0:
-            solved = t
-            if stop is None:
-                break
-    return {"solved": solved, "state": np.asarray(states, np.float32), "frames": frames}
+        rewards.append(env.step(action)[0])
+        if stop is None and rewards[-1] == SOLVED:
+            break
+    return {"solved": handover_step(rewards), "state": np.asarray(states, np.float32), "frames": frames}
 
 
 def record_episode(job: Tuple[str, int, Tuple[int, int], int]) -> dict:
     """One seed, in a worker: the expert's actions, an unrendered replay to decide success, then,
     if solved, a rendered replay up to `tail` steps past the solving step."""
-    from data.aloha_expert import expert_trajectory
-
     name, seed, image_size, tail = job
     start, cpu = time.perf_counter(), time.process_time()
     if (name, image_size) not in _ENV:
@@ -95,8 +95,6 @@ def check_out(out: str) -> None:
 def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[int, int], workers: int,
              tail: int, log: Callable[[str], None] = print) -> dict:
     """Write `episodes` solved demonstrations of task `name` to `out`; returns the summary."""
-    from data.aloha_expert import EXPERT_TASKS
-
     task = get_task(name)
     if task.name not in EXPERT_TASKS:
         raise SimTaskError(f"no scripted expert for task {name!r}; experts exist for: {', '.join(EXPERT_TASKS)}")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from data import build_datasets
-from data.aloha_expert import expert_trajectory
+from data.aloha_expert import expert_trajectory, handover_step
 from data.sim_env import SimTaskError, TASKS, make_env
 from tests.helpers import ROOT, config_from
 
@@ -19,26 +19,40 @@ SEEDS = (0, 1, 2, 3, 4)
 
 
 def replay(seed, actions, render_at=()):
-    """(step that solved the task or -1, state before each step, {step: frame rendered before it})."""
+    """(step that solved the task or -1, state before each step, {step: frame rendered before it},
+    reward of each step)."""
     env = make_env("transfer_cube", (H, W))
     env.reset(seed)
-    states, frames, solved = [], {}, -1
+    states, frames, rewards, solved = [], {}, [], -1
     for t, action in enumerate(actions):
         states.append(env.state())
         if t in render_at:
             frames[t] = env.render()
-        if env.step(action)[1] and solved < 0:
+        reward, success = env.step(action)
+        rewards.append(reward)
+        if success and solved < 0:
             solved = t
-    return solved, np.asarray(states), frames
+    return solved, np.asarray(states), frames, rewards
 
 
+# Seed 2's cube slipped out of the earlier expert's grasp (the gripper pointed along -x, the cube 9.5 cm
+# off the arm's line) and its left gripper then lifted it off the table: solved, with no hand-over.
 @pytest.mark.parametrize("seed", SEEDS)
-def test_expert_solves_in_the_joint_env_within_the_cap(seed):
+def test_expert_hands_the_cube_over_in_the_joint_env_within_the_cap(seed):
     actions = expert_trajectory("transfer_cube", seed)
     assert actions.dtype == np.float32 and actions.shape[1] == 14 and len(actions) <= TASKS["transfer_cube"].max_steps
-    solved, _, _ = replay(seed, actions)
+    solved, _, _, rewards = replay(seed, actions)
     assert 0 <= solved < 250, solved  # the registered env truncates at 300 steps
+    held = rewards.index(2.0)  # the right gripper holds the cube off the table ...
+    assert held < solved and max(rewards[:held]) < 2 and handover_step(rewards) == solved  # ... before the left takes it
     np.testing.assert_array_equal(expert_trajectory("transfer_cube", seed), actions)  # a function of the seed
+
+
+def test_a_cube_the_left_gripper_lifts_off_the_table_is_no_handover():
+    assert handover_step([0, 1, 2, 2, 3, 4, 4]) == 5
+    assert handover_step([0, 0, 0, 3, 4]) == -1    # never held by the right gripper
+    assert handover_step([0, 1, 2, 1, 0, 3]) == -1  # held, dropped, never solved
+    assert handover_step([]) == -1
 
 
 def test_expert_scenes_differ_by_seed_and_unknown_tasks_are_named():
@@ -82,13 +96,13 @@ def test_written_folder_loads_with_the_replayed_values_and_frames(demos, tmp_pat
     assert train.num_episodes() == 2 and train.image_keys == ["observation.images.top"]
     for i, seed in enumerate((3, 4)):
         actions = expert_trajectory("transfer_cube", seed)
-        solved, _, _ = replay(seed, actions)
+        solved, _, _, _ = replay(seed, actions)
         ep = train.episodes[i]
         assert ep.length == solved + 1 + 4  # up to the solving step, then --tail 4
         last = ep.length - 1 - train.spec.span
         windows = (0, last // 2, last)
         wanted = sorted({int(k) for c in windows for k in train.spec.video_indices(c)})
-        _, states, frames = replay(seed, actions[:ep.length], render_at=wanted)
+        _, states, frames, _ = replay(seed, actions[:ep.length], render_at=wanted)
         for c in windows:
             sample = train.load((i, c))
             assert sample["instruction"] == TASKS["transfer_cube"].instruction

@@ -26,8 +26,8 @@ EMA = ["training.ema.enabled=true", "training.ema.decay=0.1", "training.ema.star
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Uninterrupted 6-step runs (saving at 3 and 6), then each resumed from its step-3 checkpoint; and a
-    1-process run with gradient accumulation. The 1-process launches run beside the 2-process ones (two
+    """Uninterrupted 6-step runs (saving at 3 and 6), then each resumed from its step-3 checkpoint; a
+    1-process run with gradient accumulation, and one that validates after every step. The 1-process launches run beside the 2-process ones (two
     threads): a 1-process run leaves the second core idle. Each result is the same either way."""
     tmp = tmp_path_factory.mktemp("runs")
     out = {}
@@ -48,6 +48,8 @@ def runs(tmp_path_factory):
         train(tmp, 1, "w1_ga2", ["training.batch_size=2", "training.gradient_accumulation_steps=2",
                                  "training.max_steps=4"])
         out["w1_ga2"] = metrics(tmp, "w1_ga2")
+        train(tmp, 1, "w1_val_every_step", LAYOUTS["w1_zero2"]["overrides"] + EMA + ["system.val_interval=1"])
+        out["w1_val_every_step"] = metrics(tmp, "w1_val_every_step")
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         launched = [pool.submit(one_process), pool.submit(lambda: [layout_and_resume(n) for n in LAYOUTS
@@ -118,6 +120,15 @@ def test_gradient_accumulation_matches_a_larger_batch(runs):
     assert sorted(got) == [1, 2, 3, 4]
     for step in got:
         assert got[step] == pytest.approx(ref[step], rel=1e-4, abs=1e-5), (step, got, ref)
+
+
+def test_validation_leaves_training_untouched(runs):
+    """Validating after every step (its own noise, its own loader) gives the losses of a run that
+    validates once at the end, bit for bit: `system.val_interval` changes the cost, not the run."""
+    _, out = runs
+    every = out["w1_val_every_step"]
+    assert [r["step"] for r in every if "val_loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert losses(every) == losses(out["w1_zero2"])
 
 
 @pytest.mark.parametrize("name", ["w2_zero1", "w2_zero2"])
