@@ -63,7 +63,7 @@ def report_paths(given: list[str]) -> list[str]:
         if os.path.isdir(item):
             found = sorted(glob.glob(os.path.join(item, "checkpoint_step_*", "eval", "report.json")))
             if not found:
-                raise SystemExit(f"pose_coverage: no checkpoint_step_N/eval/report.json under '{item}'")
+                raise SystemExit(f"no checkpoint_step_N/eval/report.json under '{item}': give a run folder or report.json files")
             paths += found
         else:
             paths.append(item)

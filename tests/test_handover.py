@@ -1,0 +1,33 @@
+"""benchmarks/handover.py: successes split into hand-overs and the left gripper alone, from a report's
+rewards and from a demonstrations folder replayed in the simulator."""
+import json
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+from benchmarks.handover import demo_rewards, held_before_solved, report_rewards, summarise
+
+
+def test_rewards_say_which_hand_solved():
+    episodes = [[0, 1, 2, 2, 3, 4],   # held by the right gripper, then taken by the left: a hand-over
+                [0, 0, 3, 4],         # the left gripper lifted it off the table alone
+                [0, 1, 2, 1, 0],      # held, dropped, never solved
+                [0, 0, 0]]            # never touched
+    assert [held_before_solved(r) for r in episodes] == [True, False, True, False]
+    assert summarise("x", episodes) == {"source": "x", "episodes": 4, "successes": 2, "by_handover": 1,
+                                        "by_left_alone": 1, "held_by_right": 2}
+
+
+def test_a_report_and_a_demonstrations_folder(tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"results": {"policy": {"per_episode": [
+        {"seed": 1000000, "success": True, "rewards": [0, 2, 4]}, {"seed": 1000001, "success": False, "rewards": [0, 1]}]}}}))
+    assert report_rewards(str(report)) == [[0, 2, 4], [0, 1]]
+    demos = tmp_path / "demos"
+    result = subprocess.run([sys.executable, "-m", "data.sim_demos", "--task", "transfer_cube", "--episodes", "1",
+                             "--out", str(demos), "--seed", "2", "--image-size", "16", "16", "--workers", "1",
+                             "--tail", "0"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    (rewards,) = demo_rewards(str(demos))
+    # seed 2's cube is handed over (the expert before lifted it with the left gripper alone)
+    assert rewards[-1] == 4 and 2.0 in rewards and summarise("d", [rewards])["by_handover"] == 1
