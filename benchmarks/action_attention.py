@@ -17,11 +17,10 @@ heads, action tokens, Euler steps and seeds:
   token share (1: the cube's token gets no more than any other);
 - `peak`: over (seed, head), how often the condition-frame token with the most attention lies within
   one token of the cube's.
-Printed as a table per checkpoint and written to OUT.json. A policy that places its fingers from
+Printed as a table per checkpoint and written to OUT. A policy that places its fingers from
 the picture has to read the cube's token; this says whether and where it does.
 """
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.decoded_cube import ORIGINAL_RED, centroids, redness  # noqa: E402
 from benchmarks.pose_coverage import parse_seeds  # noqa: E402
+from benchmarks.results import write_json  # noqa: E402
 
 
 def cube_token(frame: np.ndarray, grid: tuple[int, int]) -> tuple[int, int] | None:
@@ -149,10 +149,7 @@ def main() -> None:
             print(f"| {r['checkpoint']} | {r['seeds']} | {i} | {100 * f['frame0']:.1f}% | {100 * f['predicted']:.1f}% | "
                   f"{100 * f['actions']:.1f}% | {100 * f['cube']:.2f}% | "
                   f"{f['lift']:.2f} | {100 * f['peak']:.0f}% |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"seeds": args.seeds, "checkpoints": results}, f, indent=1)
-    print(f"written {args.out}")
+    write_json(args.out, {"seeds": args.seeds, "checkpoints": results})
 
 
 if __name__ == "__main__":

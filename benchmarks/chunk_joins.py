@@ -14,7 +14,7 @@ steps that opened a chunk (inference/rollout_episode.py). Per rollout, on the tw
   new chunk's first action from the observed state: how far ahead of the arm a chunk starts;
 - the episodes that lift the cube and never finish (reward 2 at best, transfer_cube's rule): the step
   each last holds it lifted, and how many of those steps lie within 3 steps after a join.
-Printed as a table and written to OUT.json.
+Printed as a table and written to OUT.
 """
 import argparse
 import json
@@ -22,6 +22,10 @@ import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.results import write_json  # noqa: E402
 
 ARMS = [0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12]  # the two arms' six joints; 6 and 13 are the grippers
 NEAR_JOIN = 3  # steps after a join within which a drop counts as at the join
@@ -77,10 +81,7 @@ def main() -> None:
         print(f"| {r['rollout']} | {r['episodes']} | {r['successes']} | {r['join_step_mean']:.3f} / "
               f"{r['join_step_p95']:.3f} | {r['chunk_step_mean']:.3f} / {r['chunk_step_p95']:.3f} | "
               f"{r['lead_mean']:.3f} | {r['lifted_not_finished']} | {r['dropped_at_a_join']} |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"results": results, "command": ["python", *sys.argv]}, f, indent=1)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"results": results, "command": ["python", *sys.argv]})
 
 
 if __name__ == "__main__":

@@ -16,10 +16,9 @@ Per checkpoint, over seeds and queries, on the twelve arm joints (the grippers l
 A policy executes a whole chunk and then queries again, so chunk[0] of the new chunk follows the
 last action of the old one: an error at k = 0 larger than the expert's lead is a jump at every
 join between chunks. The expert drives, so the states are the demonstrations' states (no
-compounding of the policy's own errors). Printed as a table and written to OUT.json.
+compounding of the policy's own errors). Printed as a table and written to OUT.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -29,6 +28,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.pose_coverage import parse_seeds  # noqa: E402
+from benchmarks.results import write_json  # noqa: E402
+
 
 ARMS = [0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12]  # the two arms' six joints; 6 and 13 are the grippers
 LAST_QUERY = 160  # the demonstrations end a few steps after the hand-over (~180 steps): later states are unseen
@@ -96,10 +97,7 @@ def main() -> None:
         print(f"| {r['checkpoint']} | {r['queries']} | " + " | ".join(f"{r['error'][k]:.3f}" if k in r["error"] else "-"
                                                                   for k in offsets)
               + f" | {r['lead']:.3f} | {r['expert_lead']:.3f} |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"seeds": args.seeds, "every": args.every, "checkpoints": results}, f, indent=1)
-    print(f"written {args.out}")
+    write_json(args.out, {"seeds": args.seeds, "every": args.every, "checkpoints": results})
 
 
 if __name__ == "__main__":

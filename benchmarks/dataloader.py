@@ -21,7 +21,6 @@ then measures, in one process run and side by side:
 The synthetic frames are flat colours, so AV1 decoding here is cheaper than on camera footage.
 """
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from data.lerobot_writer import LeRobotWriter  # noqa: E402
 from data.synthetic import generate  # noqa: E402
 from benchmarks.lerobot_official import add_race_arguments, race_official  # noqa: E402
 from utils.batch import DataBatch, ModelBatch  # noqa: E402
+from benchmarks.results import write_json  # noqa: E402
 
 
 class FullSizeFakeEncoders:
@@ -154,10 +154,7 @@ def main():
               "throughput": [{"source": s, "workers": w, "samples_per_s": r, "samples_per_s_per_worker": p}
                              for s, w, r, p in rows],
               "cache_over_mp4": cache / mp4}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

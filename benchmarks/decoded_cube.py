@@ -13,16 +13,17 @@ DECODED_RED in the decoded one (a decoded cube's colour is diluted by the blur).
 original shows the cube (>= MIN_CUBE pixels; a lifted or held cube is partly hidden): whether the
 decoded frame shows it (>= MIN_DECODED pixels) and the distance in pixels between the two centroids
 (the cube is 4 cm and about 7 pixels wide at 192x256). Printed: one row per VAE, with the PSNR over
-the whole clips; written to OUT.json.
+the whole clips; written to OUT.
 """
 import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.results import write_json  # noqa: E402
+
 
 ORIGINAL_RED, DECODED_RED = 0.4, 0.3
 MIN_CUBE, MIN_DECODED = 5, 3
@@ -95,10 +96,7 @@ def main() -> None:
     for path, r in rows.items():
         print(f"| {path} | {r['frames_with_cube']} | {100 * r['shown']:.0f}% | {r['error_px_median']:.2f} / "
               f"{r['error_px_mean']:.2f} / {r['error_px_p90']:.2f} | {r['psnr_db']:.1f} dB |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"config": args.config, "windows": len(clips), "vaes": rows}, f, indent=1)
-    print(f"written {args.out}")
+    write_json(args.out, {"config": args.config, "windows": len(clips), "vaes": rows})
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.pose_coverage import report_paths  # noqa: E402
 from data.aloha_expert import HELD, SOLVED, handover_step  # noqa: E402
+from benchmarks.results import write_json  # noqa: E402
 
 
 def held_before_solved(rewards: Sequence[float]) -> bool:
@@ -94,10 +95,7 @@ def main() -> None:
     for r in rows:
         print(f"| {r['source']} | {r['episodes']} | {r['successes']} | {r['by_handover']} | {r['by_left_alone']} "
               f"| {r['held_by_right']} |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
-    print(f"written {args.out}")
+    write_json(args.out, rows)
 
 
 if __name__ == "__main__":

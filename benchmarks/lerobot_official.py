@@ -18,7 +18,6 @@ then it times both, interleaved in rounds, in the main process and with DataLoad
 and reports samples/s and ours / official as the median over rounds.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,8 @@ from data.lerobot_format import LeRobotSource  # noqa: E402
 from data.normalize import NormStats  # noqa: E402
 from data.stream import collate_reporting  # noqa: E402
 from data import video  # noqa: E402
+from benchmarks.results import write_json  # noqa: E402
+
 
 STATE, ACTION = "observation.state", "action"
 
@@ -231,10 +232,7 @@ def race_official(args):
     print(f"ours decoded {result['frames_decoded_per_sample']:.1f} frames per sample in the main process "
           f"(every camera; {len(ours.image_keys) * len(ours.spec.video_indices(0))} kept)")
     result["throughput"] = rows
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 def main():

@@ -11,7 +11,7 @@ on all but the last --val-fraction of them (the recipe's `dataset.val_fraction`,
 data/episodes.py). For each evaluated episode: the distance from its cube to the nearest cube the
 policy was trained on. Printed: success by quartile of that distance (with 95% Wilson intervals) and
 the mean distance of successes and failures, over every report given together (a run folder gives the
-`checkpoint_step_N/eval/report.json` of each evaluated checkpoint); written to OUT.json.
+`checkpoint_step_N/eval/report.json` of each evaluated checkpoint); written to OUT.
 """
 import argparse
 import glob
@@ -26,6 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from data.episodes import split_episodes  # noqa: E402
 from data.sim_demos import PROVENANCE  # noqa: E402
 from inference.rollout_report import wilson_interval  # noqa: E402
+from benchmarks.results import write_json  # noqa: E402
+
 
 X_RANGE, Y_RANGE = (0.0, 0.2), (0.4, 0.6)  # gym_aloha.utils.sample_box_pose, metres
 
@@ -122,9 +124,7 @@ def main() -> None:
         print(f"| {low:.2f}-{high:.2f} cm | {row['episodes']} | {rate} | {ci} |")
     print(f"mean distance: successes {result['mean_distance_cm_success']} cm, failures "
           f"{result['mean_distance_cm_failure']} cm")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

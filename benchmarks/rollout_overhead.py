@@ -12,7 +12,6 @@ command's wall time also holds starting the worker processes. Target (issue 21):
 policy, >= 90% of episode time is the simulator.
 """
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from recipe.schema import ServingConfig  # noqa: E402
 from inference.constant_policy import ConstantPolicy, serve_in_thread  # noqa: E402
 from inference.rollout import main as rollout  # noqa: E402
 from utils.dist import free_port  # noqa: E402
+from benchmarks.results import write_json  # noqa: E402
+
 
 DEFAULT_WINDOW_MS = ServingConfig().batch_window_ms  # what inference.serve batches with unless told
 IMAGE_SIZE = {"transfer_cube": (64, 64), "insertion": (64, 64), "pusht": (96, 96)}
@@ -85,10 +86,7 @@ def main():
               f"{100 * row['simulator_fraction']:6.1f} {100 * row['policy_fraction']:8.1f} "
               f"{100 * row['rest_fraction']:6.1f} {row['latency_p50_ms']:7.1f} {row['latency_p99_ms']:7.1f} "
               f"{row['episode_ms_per_step']:8.2f} {row['time_per_step_vs_whole_chunk']:7.2f}x")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"cpu_count": os.cpu_count(), "args": vars(args), "results": rows}, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(args.out, {"cpu_count": os.cpu_count(), "args": vars(args), "results": rows})
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import gpu_check  # noqa: E402
+from benchmarks.results import write_json  # noqa: E402
+
 
 GIB = gpu_check.GIB
 
@@ -120,9 +122,7 @@ def main(argv=None):
         os.environ.setdefault(key, value)
     deepspeed.init_distributed("gloo")
     rows = [r for opt in args.optimizers for r in rows_for(args.size, opt, args.batches, args.steps)]
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=2)
+    write_json(args.out, rows)
     print(f"\n{'size':<6} {'opt':<10} {'b':>2} {'ckpt':>5} {'CPU peak':>9} {'pred GiB':>9} {'meas/pred':>9}  at")
     for r in rows:
         print(f"{r['size']:<6} {r['optimizer']:<10} {r['batch']:>2} {str(r['gradient_checkpointing']):>5} "

@@ -32,6 +32,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.results import write_json  # noqa: E402
+
 
 # what "on" means for each switch; "off" values are in OFF
 ON = {"compile": {"compile": True}, "fused_adamw": {"fused_adamw": True}, "tf32": {"tf32": True},
@@ -228,10 +230,7 @@ def main(argv=None):
     args.out = args.out or os.path.join(ROOT, "benchmarks", "results", "step_parts.json" if args.parts else "step_time.json")
     if args.parts:
         result = measure_parts(args)
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"config": args.config, "steps": args.steps, "skip": args.skip, "set": args.set, **result}, f, indent=1)
-        print(f"\nwrote {args.out}")
+        write_json(args.out, {"config": args.config, "steps": args.steps, "skip": args.skip, "set": args.set, **result})
         return
     if args.steps < args.skip + 20:
         p.error(f"--steps {args.steps} must be at least --skip + 20 ({args.skip + 20}): the loss is the mean of the last 20")
@@ -255,13 +254,11 @@ def main(argv=None):
                       f"wall {per_variant[name][-1][1]:.0f} s", flush=True)
     table = summarise(per_variant, args.skip, args.steps)
     print_table(table, skipped)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"config": args.config, "deepspeed": args.deepspeed, "nproc": args.nproc, "steps": args.steps,
-                   "skip": args.skip, "rounds": args.rounds, "set": args.set, "cuda": torch.cuda.is_available(),
-                   "variants": {name: {"speed": plan[name], **row} for name, row in table.items()},
-                   "left_out": skipped}, f, indent=1)
-    print(f"\nwrote {args.out}")
+    write_json(args.out, {"config": args.config, "deepspeed": args.deepspeed, "nproc": args.nproc,
+                          "steps": args.steps, "skip": args.skip, "rounds": args.rounds, "set": args.set,
+                          "cuda": torch.cuda.is_available(),
+                          "variants": {name: {"speed": plan[name], **row} for name, row in table.items()},
+                          "left_out": skipped})
 
 
 if __name__ == "__main__":
