@@ -18,11 +18,15 @@ How it works (the standard way ALOHA sim demonstrations are made, with our own p
    commanded opening, which is what the joint env's gripper actuators take.
 3. The joint trajectory is the 14-D action sequence for `data.sim_env` / `gym.make(gym_id)`.
    `expert_trajectory` replays it there (unrendered) and, when it fails, plans again with another
-   grasp depth (TIP_BELOW_TRIES). It counts as solved only by a hand-over (`handover_step`): the
-   right gripper must hold the cube off the table before the left one takes it. gym-aloha's reward
-   also pays a left gripper that picks a dropped cube off the table, and a third of the old
-   expert's "solved" seeds were that. The plan solves the task by step ~165-225, well inside the
+   grasp depth (TIP_BELOW_TRIES). The plan solves the task by step ~165-225, well inside the
    registered 300-step cap.
+
+gym-aloha's top reward also pays a left gripper that lifts a dropped cube off the table by itself,
+and a third of this expert's solved seeds are that: with the right gripper pointing along -x, a
+cube 5-10 cm off the arm's line slips out of a grasp that closes on it askew. `handover_only=True`
+points the right gripper at the cube from the arm's waist (HANDOVER_TIP_BELOW_TRIES) and counts a
+seed as solved only by a hand-over (`handover_step`): the right gripper holds the cube off the
+table before the left one takes it. The recipe's demonstrations are the default's.
 """
 import collections
 from dataclasses import dataclass
@@ -84,16 +88,17 @@ IDENTITY = (1.0, 0.0, 0.0, 0.0)
 # The weld holds each gripper's mocap point 13.5 cm ahead of its gripper link, at the fingertips:
 # a mocap position is where the fingertips go.
 CUBE_HALF = 0.02            # the cube's half-size (bimanual_viperx_*transfer_cube.xml)
-TIP_BELOW = 0.026           # the right fingertips close this far below the cube's centre
+TIP_BELOW = 0.022           # the right fingertips close this far below the cube's centre
 # Grasps are chaotic (a few tenths of a millimetre decide whether the cube slips out on the way up,
 # and the joint env's soft wrist actuators track the end-effector pass only to a few millimetres),
 # so the expert checks its trajectory in the joint env and, when it fails there, tries the next
-# grasp depth. Measured on seeds 0-79, counting hand-overs only: 0.026 alone hands the cube over
-# on 69, 0.022 on 68, the three tries on 70. The gripper pointed along -x whatever the cube's place
-# (the expert before, depths 0.022 / 0.018 / 0.026) handed it over on 54: its other 25 "solved"
-# seeds were the left gripper lifting the dropped cube off the table.
-TIP_BELOW_TRIES = (TIP_BELOW, 0.022, 0.018)
-RIGHT_SHOULDER_XY = (0.469, 0.5)   # the right arm's waist joint: the gripper points at the cube from there
+# grasp depth. Measured on seeds 0-79: 0.022 alone solves 94%; the three tries solve 79 of 80, 54
+# of them by a hand-over.
+TIP_BELOW_TRIES = (TIP_BELOW, 0.018, 0.026)
+# handover_only: the gripper pointed at the cube, hand-overs counted. On seeds 0-79 0.026 alone
+# hands the cube over on 69, 0.022 on 68, the three tries on 70.
+HANDOVER_TIP_BELOW_TRIES = (0.026, 0.022, 0.018)
+RIGHT_SHOULDER_XY = (0.469, 0.5)   # the right arm's waist joint
 RIGHT_PITCH = 70.0          # degrees the right gripper points down when it picks the cube
 HANDOVER_PITCH = 15.0       # and at the hand-over, nearly level
 HANDOVER = np.array([0.0, 0.5, 0.24])   # where the right fingertips hold the cube for the hand-over
@@ -111,15 +116,15 @@ APPROACH, DESCEND, CLOSE_FROM, CLOSE, LIFT = 55, 85, 92, 105, 145
 LEFT_WAIT, LEFT_IN, LEFT_CLOSE, RELEASE, END = 145, 170, 185, 200, 230
 
 
-def plan_transfer_cube(cube_xyz: npt.ArrayLike, tip_below: float = TIP_BELOW) -> Tuple[List[KeyPose], List[KeyPose]]:
-    """Key poses (left, right) handing the cube at cube_xyz from the right gripper to the left one."""
+def plan_transfer_cube(cube_xyz: npt.ArrayLike, tip_below: float = TIP_BELOW,
+                       point_at_cube: bool = False) -> Tuple[List[KeyPose], List[KeyPose]]:
+    """Key poses (left, right) handing the cube at cube_xyz from the right gripper to the left one.
+    The right gripper picks with its fingertips down, pointing along -x (as at rest) or, with
+    `point_at_cube`, turned about z to point at the cube from the arm's waist."""
     # gym-aloha drops the cube from 5 cm: it lies on the table, its centre one half-size up
     cube = np.array([cube_xyz[0], cube_xyz[1], CUBE_HALF])
-    # fingertips down, the gripper turned about z to point at the cube from the right arm's waist
-    # (at rest it points to -x): held pointing along -x, a cube 8-10 cm off the arm's line slipped
-    # out of a grasp that closed on it askew
     reach = cube[:2] - np.asarray(RIGHT_SHOULDER_XY)
-    yaw = np.degrees(np.arctan2(-reach[1], -reach[0]))
+    yaw = np.degrees(np.arctan2(-reach[1], -reach[0])) if point_at_cube else 0.0
     pick_q = tuple(quat_mul(axis_angle([0, 0, 1], yaw), axis_angle([0, 1, 0], -RIGHT_PITCH)))
     level_q = tuple(axis_angle([0, 1, 0], -HANDOVER_PITCH))
     grasp = cube - [0, 0, tip_below]
@@ -221,13 +226,13 @@ _SCENE: List["EndEffectorScene"] = []  # one scene per process: building the phy
 _JOINT_ENV: List[SimEnv] = []          # and one joint-space env (never rendered) to check the trajectory in
 
 
-def end_effector_pass(seed: int, tip_below: float = TIP_BELOW) -> Tuple[np.ndarray, int]:
+def end_effector_pass(seed: int, tip_below: float = TIP_BELOW, point_at_cube: bool = False) -> Tuple[np.ndarray, int]:
     """(joint actions float32 [T, 14], first step at which the end-effector scene had reward 4, or -1)."""
     if not _SCENE:
         _SCENE.append(EndEffectorScene())
     scene = _SCENE[0]
     cube = scene.reset(seed)
-    left, right = plan_transfer_cube(cube, tip_below)
+    left, right = plan_transfer_cube(cube, tip_below, point_at_cube)
     commands = np.zeros((END + 1, 16))
     commands[:LEFT_WAIT + 1, :8], commands[:, 8:] = interpolate(left), interpolate(right)
     actions, solved = [], -1
@@ -243,18 +248,19 @@ def end_effector_pass(seed: int, tip_below: float = TIP_BELOW) -> Tuple[np.ndarr
     return np.asarray(actions, dtype=np.float32), solved
 
 
-def expert_trajectory(task_name: str, seed: int) -> np.ndarray:
-    """float32 [T, 14]: the scripted expert's joint-space actions for the scene of `seed` (no rendering)."""
+def expert_trajectory(task_name: str, seed: int, handover_only: bool = False) -> np.ndarray:
+    """float32 [T, 14]: the scripted expert's joint-space actions for the scene of `seed` (no rendering).
+    `handover_only`: the right gripper points at the cube, and only a hand-over counts as solved."""
     task = get_task(task_name)
     if task.name not in EXPERT_TASKS:
         raise SimTaskError(f"no scripted expert for task {task_name!r}; experts exist for: {', '.join(EXPERT_TASKS)}")
     if not _JOINT_ENV:
         _JOINT_ENV.append(make_env(task.name, (16, 16)))
-    for tip_below in TIP_BELOW_TRIES:
-        actions = end_effector_pass(seed, tip_below)[0]
-        if hands_over(_JOINT_ENV[0], seed, actions) >= 0:
+    for tip_below in HANDOVER_TIP_BELOW_TRIES if handover_only else TIP_BELOW_TRIES:
+        actions = end_effector_pass(seed, tip_below, point_at_cube=handover_only)[0]
+        if solves(_JOINT_ENV[0], seed, actions, handover_only) >= 0:
             break
-    return actions  # the last try's when none hands over: the caller's replay finds it fails
+    return actions  # the last try's when none solves: the caller's replay finds it fails
 
 
 # gym-aloha's transfer_cube rewards: 2, the right gripper touches the cube and the table does not;
@@ -274,12 +280,19 @@ def handover_step(rewards: Sequence[float]) -> int:
     return -1
 
 
-def hands_over(env: SimEnv, seed: int, actions: np.ndarray) -> int:
-    """The step at which `actions` solve the joint-space scene of `seed` by a hand-over, or -1 (no rendering)."""
+def solved_step(rewards: Sequence[float], handover_only: bool) -> int:
+    """The step at which the task was solved (by a hand-over, with `handover_only`), or -1."""
+    if handover_only:
+        return handover_step(rewards)
+    return list(rewards).index(SOLVED) if SOLVED in rewards else -1
+
+
+def solves(env: SimEnv, seed: int, actions: np.ndarray, handover_only: bool) -> int:
+    """The step at which `actions` solve the joint-space scene of `seed` (`solved_step`), or -1 (no rendering)."""
     env.reset(seed, observe=False)
     rewards = []
     for action in actions:
         rewards.append(env.step(action)[0])
         if rewards[-1] == SOLVED:
             break
-    return handover_step(rewards)
+    return solved_step(rewards, handover_only)

@@ -1,21 +1,21 @@
 """Scripted demonstrations in a simulator, written as a LeRobot v3.0 dataset.
 
     python -m data.sim_demos --task transfer_cube --episodes 50 --out DIR \
-        [--seed S] [--image-size H W] [--workers N] [--tail K]
+        [--seed S] [--image-size H W] [--workers N] [--tail K] [--handover-only]
 
 Seeds S, S+1, ... (from data.sim_env.DEMO_SEEDS) are given to the scripted expert
 (data/aloha_expert.py), whose joint-space actions are replayed in the task's joint-space env
 (data.sim_env.make_env, the scene gym.make(gym_id) builds for that seed). Only episodes the replay
-solves by a hand-over are kept (the right gripper holds the cube off the table before the left one
-takes it: data.aloha_expert.handover_step), until --episodes are; an episode ends --tail steps after
-the step that solved it.
+solves are kept, until --episodes are; an episode ends --tail steps after the step that solved it.
+--handover-only uses the expert's hand-over style and keeps only the episodes solved by a hand-over
+(the right gripper holds the cube off the table before the left one takes it; data/aloha_expert.py).
 Each kept episode is replayed a second time, rendering the camera before every action: a rendered
 frame costs ~90 ms on a CPU, a physics step ~1 ms, so frames are rendered for kept episodes only.
 Seeds are spread over --workers processes, each with its own env.
 
 Written under a temporary folder beside --out and renamed to --out at the end: --out never holds a
 half-written dataset, and an existing non-empty --out is refused. `meta/sim_demos.json` records the
-task and the seed of each episode in episode order (LeRobot ignores the file): the scene, and so the
+task, the expert's style and the seed of each episode in episode order (LeRobot ignores the file): the scene, and so the
 object's start pose, follows from the seed alone, which benchmarks/pose_coverage.py uses.
 """
 import argparse
@@ -30,12 +30,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from data.aloha_expert import EXPERT_TASKS, SOLVED, expert_trajectory, handover_step
+from data.aloha_expert import EXPERT_TASKS, SOLVED, expert_trajectory, solved_step
 from data.lerobot_writer import LeRobotWriter
 from data.sim_env import DEMO_SEEDS, SimEnv, SimTask, SimTaskError, check_seeds, get_task, make_env
 
 DEFAULT_IMAGE_SIZE = (192, 256)  # the top camera's 3:4 at configs/aloha_sim.yaml's video size
-PROVENANCE = "sim_demos.json"  # in meta/: the task and each episode's seed
+PROVENANCE = "sim_demos.json"  # in meta/: the task, the expert's style and each episode's seed
 ATTEMPTS_PER_EPISODE = 2   # give up when the expert fails on more than half the seeds it is given
 _ENV: Dict[tuple, SimEnv] = {}  # per worker process: the env of (task, image size)
 
@@ -49,10 +49,11 @@ def features(task: SimTask, image_size: Tuple[int, int]) -> dict:
             task.image_key: {"dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"]}}
 
 
-def replay(env: SimEnv, seed: int, actions: np.ndarray, render: bool, stop: Optional[int] = None) -> Dict[str, Any]:
+def replay(env: SimEnv, seed: int, actions: np.ndarray, render: bool, handover_only: bool,
+           stop: Optional[int] = None) -> Dict[str, Any]:
     """Execute `actions` from the scene of `seed` (the first `stop` of them when given). Returns the
-    step that solved the task by a hand-over (-1: none; `handover_step`) and, per executed step, the
-    state (and frame) before it."""
+    step that solved the task (-1: none; by a hand-over with `handover_only`: `solved_step`) and, per
+    executed step, the state (and frame) before it."""
     env.reset(seed, observe=False)
     states, frames, rewards = [], [], []
     for action in actions[:stop]:
@@ -62,23 +63,23 @@ def replay(env: SimEnv, seed: int, actions: np.ndarray, render: bool, stop: Opti
         rewards.append(env.step(action)[0])
         if stop is None and rewards[-1] == SOLVED:
             break
-    return {"solved": handover_step(rewards), "state": np.asarray(states, np.float32), "frames": frames}
+    return {"solved": solved_step(rewards, handover_only), "state": np.asarray(states, np.float32), "frames": frames}
 
 
-def record_episode(job: Tuple[str, int, Tuple[int, int], int]) -> dict:
+def record_episode(job: Tuple[str, int, Tuple[int, int], int, bool]) -> dict:
     """One seed, in a worker: the expert's actions, an unrendered replay to decide success, then,
     if solved, a rendered replay up to `tail` steps past the solving step."""
-    name, seed, image_size, tail = job
+    name, seed, image_size, tail, handover_only = job
     start, cpu = time.perf_counter(), time.process_time()
     if (name, image_size) not in _ENV:
         _ENV[(name, image_size)] = make_env(name, image_size)
     env = _ENV[(name, image_size)]
-    actions = expert_trajectory(name, seed)
-    solved = replay(env, seed, actions, render=False)["solved"]
+    actions = expert_trajectory(name, seed, handover_only)
+    solved = replay(env, seed, actions, render=False, handover_only=handover_only)["solved"]
     out = {"seed": seed, "solved": solved, "planned": len(actions)}
     if solved >= 0:
         length = min(len(actions), solved + 1 + tail)
-        run = replay(env, seed, actions, render=True, stop=length)
+        run = replay(env, seed, actions, render=True, handover_only=handover_only, stop=length)
         if run["solved"] != solved:  # the physics is deterministic: a mismatch is a bug, not bad luck
             raise RuntimeError(f"seed {seed}: the rendered replay solved at step {run['solved']}, "
                                f"the unrendered one at {solved}")
@@ -93,7 +94,7 @@ def check_out(out: str) -> None:
 
 
 def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[int, int], workers: int,
-             tail: int, log: Callable[[str], None] = print) -> dict:
+             tail: int, handover_only: bool = False, log: Callable[[str], None] = print) -> dict:
     """Write `episodes` solved demonstrations of task `name` to `out`; returns the summary."""
     task = get_task(name)
     if task.name not in EXPERT_TASKS:
@@ -121,7 +122,7 @@ def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[in
                                    f"1 in {ATTEMPTS_PER_EPISODE}; {episodes} episodes were asked for")
             batch = range(next_seed, next_seed + min(episodes - len(kept), budget - len(tried)))
             next_seed = batch.stop
-            jobs = [(name, s, (image_size[0], image_size[1]), tail) for s in batch]
+            jobs = [(name, s, (image_size[0], image_size[1]), tail, handover_only) for s in batch]
             for result in pool.imap(record_episode, jobs):
                 tried.append(result)
                 ok = result["solved"] >= 0
@@ -133,7 +134,8 @@ def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[in
                                         task.image_key: result["frames"]}, task.instruction)
                     kept.append(result)
         writer.close()
-        provenance = {"task": name, "seeds": [r["seed"] for r in kept], "image_size": list(image_size), "tail": tail}
+        provenance = {"task": name, "seeds": [r["seed"] for r in kept], "image_size": list(image_size), "tail": tail,
+                      "handover_only": handover_only}
         with open(os.path.join(tmp, "meta", PROVENANCE), "w") as f:
             json.dump(provenance, f, indent=1)
         if os.path.isdir(out):  # empty (check_out): replaced by the finished dataset
@@ -173,11 +175,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="rendered camera size (default: configs/aloha_sim.yaml's video size)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--tail", type=int, default=10, help="steps kept after the step that solves the task")
+    parser.add_argument("--handover-only", action="store_true",
+                        help="the expert's right gripper points at the cube, and only seeds solved by a hand-over "
+                             "are kept (the default also keeps the left gripper lifting a dropped cube)")
     args = parser.parse_args(argv)
     # a kill (SIGTERM) unwinds like Ctrl-C: the workers stop and the temporary folder is removed
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        generate(args.task, args.episodes, args.out, args.seed, tuple(args.image_size), args.workers, args.tail)
+        generate(args.task, args.episodes, args.out, args.seed, tuple(args.image_size), args.workers, args.tail,
+                 args.handover_only)
     except SimTaskError as e:
         print(f"data.sim_demos: {e}", file=sys.stderr)
         sys.exit(2)

@@ -18,16 +18,19 @@ def test_rewards_say_which_hand_solved():
                                         "by_left_alone": 1, "held_by_right": 2}
 
 
-def test_a_report_and_a_demonstrations_folder(tmp_path):
+def test_a_report_and_demonstrations_folders(tmp_path):
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"results": {"policy": {"per_episode": [
         {"seed": 1000000, "success": True, "rewards": [0, 2, 4]}, {"seed": 1000001, "success": False, "rewards": [0, 1]}]}}}))
     assert report_rewards(str(report)) == [[0, 2, 4], [0, 1]]
-    demos = tmp_path / "demos"
-    result = subprocess.run([sys.executable, "-m", "data.sim_demos", "--task", "transfer_cube", "--episodes", "1",
-                             "--out", str(demos), "--seed", "2", "--image-size", "16", "16", "--workers", "1",
-                             "--tail", "0"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    (rewards,) = demo_rewards(str(demos))
-    # seed 2's cube is handed over (the expert before lifted it with the left gripper alone)
-    assert rewards[-1] == 4 and 2.0 in rewards and summarise("d", [rewards])["by_handover"] == 1
+    # seed 2: the default expert's cube slips out of the right gripper and the left one lifts it off
+    # the table alone; --handover-only points the right gripper at the cube and hands it over
+    for flags, hand in (([], "by_left_alone"), (["--handover-only"], "by_handover")):
+        demos = tmp_path / f"demos{len(flags)}"
+        result = subprocess.run([sys.executable, "-m", "data.sim_demos", "--task", "transfer_cube", "--episodes", "1",
+                                 "--out", str(demos), "--seed", "2", "--image-size", "16", "16", "--workers", "1",
+                                 "--tail", "0", *flags], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        (rewards,) = demo_rewards(str(demos))
+        assert rewards[-1] == 4 and summarise("d", [rewards])[hand] == 1
+        assert (2.0 in rewards) == bool(flags)

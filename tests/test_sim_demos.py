@@ -35,17 +35,25 @@ def replay(seed, actions, render_at=()):
     return solved, np.asarray(states), frames, rewards
 
 
-# Seed 2's cube slipped out of the earlier expert's grasp (the gripper pointed along -x, the cube 9.5 cm
-# off the arm's line) and its left gripper then lifted it off the table: solved, with no hand-over.
 @pytest.mark.parametrize("seed", SEEDS)
-def test_expert_hands_the_cube_over_in_the_joint_env_within_the_cap(seed):
+def test_expert_solves_in_the_joint_env_within_the_cap(seed):
     actions = expert_trajectory("transfer_cube", seed)
     assert actions.dtype == np.float32 and actions.shape[1] == 14 and len(actions) <= TASKS["transfer_cube"].max_steps
     solved, _, _, rewards = replay(seed, actions)
     assert 0 <= solved < 250, solved  # the registered env truncates at 300 steps
+    # seed 2's cube slips out of the right gripper, and the left one lifts it off the table alone
+    assert (handover_step(rewards) == solved) == (seed != 2)
+    np.testing.assert_array_equal(expert_trajectory("transfer_cube", seed), actions)  # a function of the seed
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_handover_only_expert_hands_the_cube_over(seed):
+    actions = expert_trajectory("transfer_cube", seed, handover_only=True)
+    assert actions.dtype == np.float32 and len(actions) <= TASKS["transfer_cube"].max_steps
+    solved, _, _, rewards = replay(seed, actions)
+    assert 0 <= solved < 250, solved
     held = rewards.index(2.0)  # the right gripper holds the cube off the table ...
     assert held < solved and max(rewards[:held]) < 2 and handover_step(rewards) == solved  # ... before the left takes it
-    np.testing.assert_array_equal(expert_trajectory("transfer_cube", seed), actions)  # a function of the seed
 
 
 def test_a_cube_the_left_gripper_lifts_off_the_table_is_no_handover():
@@ -86,7 +94,8 @@ def test_written_folder_loads_with_the_replayed_values_and_frames(demos, tmp_pat
     assert info["codebase_version"] == "v3.0" and info["fps"] == 50 and info["total_episodes"] == 2
     assert info["features"]["observation.images.top"]["shape"] == [H, W, 3]
     provenance = json.load(open(out / "meta" / "sim_demos.json"))
-    assert provenance == {"task": "transfer_cube", "seeds": [3, 4], "image_size": [H, W], "tail": 4}
+    assert provenance == {"task": "transfer_cube", "seeds": [3, 4], "image_size": [H, W], "tail": 4,
+                          "handover_only": False}
     cfg = config_from(tmp_path, {
         "common": {"action_dim": 14, "state_dim": 14, "num_video_frames": 2, "video_height": H, "video_width": W,
                    "global_downsample_rate": 8, "video_action_freq_ratio": 2},
