@@ -25,18 +25,8 @@ from typing import Any, Sequence
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.pose_coverage import report_paths  # noqa: E402
-from data.aloha_expert import HELD, SOLVED, handover_step  # noqa: E402
+from data.aloha_expert import SOLVED, handover_step, held_before_solved, rewards_of  # noqa: E402
 from benchmarks.results import write_json  # noqa: E402
-
-
-def held_before_solved(rewards: Sequence[float]) -> bool:
-    """The right gripper held the cube off the table at a step before any reward 4 (or in an unsolved episode)."""
-    for reward in rewards:
-        if reward == SOLVED:
-            return False
-        if reward == HELD:
-            return True
-    return False
 
 
 def summarise(name: str, episodes: Sequence[Sequence[float]]) -> dict[str, Any]:
@@ -68,16 +58,7 @@ def demo_rewards(folder: str) -> list[list[float]]:
 
     episodes = LeRobotSource(folder, 0, None, "action").load(bad)
     env = make_env(provenance["task"], (16, 16))
-    out = []
-    for episode, seed in zip(episodes, provenance["seeds"]):
-        env.reset(seed, observe=False)
-        rewards: list[float] = []
-        for action in episode.action:
-            rewards.append(env.step(action)[0])
-            if rewards[-1] == SOLVED:
-                break
-        out.append(rewards)
-    return out
+    return [rewards_of(env, seed, episode.action) for episode, seed in zip(episodes, provenance["seeds"])]
 
 
 def main() -> None:

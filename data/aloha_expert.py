@@ -258,7 +258,7 @@ def expert_trajectory(task_name: str, seed: int, handover_only: bool = False) ->
         _JOINT_ENV.append(make_env(task.name, (16, 16)))
     for tip_below in HANDOVER_TIP_BELOW_TRIES if handover_only else TIP_BELOW_TRIES:
         actions = end_effector_pass(seed, tip_below, point_at_cube=handover_only)[0]
-        if solves(_JOINT_ENV[0], seed, actions, handover_only) >= 0:
+        if solved_step(rewards_of(_JOINT_ENV[0], seed, actions), handover_only) >= 0:
             break
     return actions  # the last try's when none solves: the caller's replay finds it fails
 
@@ -268,31 +268,37 @@ def expert_trajectory(task_name: str, seed: int, handover_only: bool = False) ->
 HELD, SOLVED = 2.0, 4.0
 
 
-def handover_step(rewards: Sequence[float]) -> int:
-    """The first step of `rewards` (one per step) with the task's top reward, SOLVED, if the right gripper
-    held the cube off the table (reward 2) before it; else -1. The top reward alone also pays a
-    left gripper that lifts the cube off the table itself, which is no hand-over."""
-    held = False
-    for t, reward in enumerate(rewards):
+def held_before_solved(rewards: Sequence[float]) -> bool:
+    """The right gripper held the cube off the table (reward 2) at a step before any SOLVED one."""
+    for reward in rewards:
         if reward == SOLVED:
-            return t if held else -1
-        held = held or reward == HELD
-    return -1
+            return False
+        if reward == HELD:
+            return True
+    return False
 
 
 def solved_step(rewards: Sequence[float], handover_only: bool) -> int:
-    """The step at which the task was solved (by a hand-over, with `handover_only`), or -1."""
-    if handover_only:
-        return handover_step(rewards)
-    return list(rewards).index(SOLVED) if SOLVED in rewards else -1
+    """The first step of `rewards` (one per step) with the task's top reward, SOLVED, or -1; with
+    `handover_only`, -1 too unless the right gripper held the cube off the table before it."""
+    if SOLVED not in rewards or (handover_only and not held_before_solved(rewards)):
+        return -1
+    return list(rewards).index(SOLVED)
 
 
-def solves(env: SimEnv, seed: int, actions: np.ndarray, handover_only: bool) -> int:
-    """The step at which `actions` solve the joint-space scene of `seed` (`solved_step`), or -1 (no rendering)."""
+def handover_step(rewards: Sequence[float]) -> int:
+    """The step solving the task by a hand-over, or -1. The top reward alone also pays a left gripper
+    that lifts the cube off the table itself, which is no hand-over."""
+    return solved_step(rewards, handover_only=True)
+
+
+def rewards_of(env: SimEnv, seed: int, actions: np.ndarray) -> List[float]:
+    """The reward of each step of `actions` from the joint-space scene of `seed`, up to the first
+    SOLVED one (no rendering)."""
     env.reset(seed, observe=False)
-    rewards = []
+    rewards: List[float] = []
     for action in actions:
         rewards.append(env.step(action)[0])
         if rewards[-1] == SOLVED:
             break
-    return solved_step(rewards, handover_only)
+    return rewards

@@ -15,8 +15,9 @@ Seeds are spread over --workers processes, each with its own env.
 
 Written under a temporary folder beside --out and renamed to --out at the end: --out never holds a
 half-written dataset, and an existing non-empty --out is refused. `meta/sim_demos.json` records the
-task, the expert's style and the seed of each episode in episode order (LeRobot ignores the file): the scene, and so the
-object's start pose, follows from the seed alone, which benchmarks/pose_coverage.py uses.
+task, the expert's style and the seed of each episode in episode order (LeRobot ignores the file):
+the scene, and so the object's start pose, follows from the seed alone, which
+benchmarks/pose_coverage.py uses.
 """
 import argparse
 import json
