@@ -1,7 +1,7 @@
 """Which hand solved transfer_cube: successes by a hand-over, and by the left gripper alone.
 
     python benchmarks/handover.py [--reports RUN_DIR|REPORT.json ...] [--demos DIR ...] \
-        [--out benchmarks/results/handover.json]
+        [--by-expert] [--workers N] [--out benchmarks/results/handover.json]
 
 gym-aloha's top reward (4) pays the left gripper's finger on the cube with neither the table nor the
 right gripper's finger on it. A left gripper that lifts a cube the right one dropped (or never
@@ -15,9 +15,16 @@ none, so each of its episodes' actions is replayed from its seed (meta/sim_demos
 simulator, unrendered. Printed, one row per report or folder: episodes, successes, those by a
 hand-over and by the left gripper alone, and the episodes in which the right gripper held the cube
 off the table (the hand-overs are those of them that succeeded). Written to OUT.
+
+`--by-expert` asks whether the policy fails where its teacher does: the scripted expert
+(`data.aloha_expert.expert_trajectory`, the one `data.sim_demos` writes by default) is replayed on each
+report episode's seed, and the report's episodes are split by what it does there (a hand-over, the left
+gripper alone, or no success), each group with the policy's successes and how its failures ended
+(`max_reward`: never touched, touched, lifted, both grippers on the cube). The expert is replayed unrendered: about 0.3 CPU-s a seed.
 """
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 from typing import Any, Sequence
@@ -25,7 +32,7 @@ from typing import Any, Sequence
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.pose_coverage import report_paths  # noqa: E402
-from data.aloha_expert import SOLVED, handover_step, held_before_solved, rewards_of  # noqa: E402
+from data.aloha_expert import SOLVED, expert_trajectory, handover_step, held_before_solved, rewards_of  # noqa: E402
 from benchmarks.results import write_json  # noqa: E402
 
 
@@ -61,22 +68,74 @@ def demo_rewards(folder: str) -> list[list[float]]:
     return [rewards_of(env, seed, episode.action) for episode, seed in zip(episodes, provenance["seeds"])]
 
 
+EXPERT_OUTCOMES = ("by_handover", "by_left_alone", "fails")
+FAILURE_ENDS = ("never_touched", "touched", "lifted", "both_grippers")
+"""How a failed episode ended, by its highest reward (0-3): gym-aloha's transfer_cube levels."""
+_ENV: list[Any] = []  # one unrendered simulator per worker process
+
+
+def expert_outcome(seed: int, task: str = "transfer_cube") -> str:
+    """What the default scripted expert does on `seed`: one of EXPERT_OUTCOMES."""
+    from data.sim_env import make_env
+
+    if not _ENV:
+        _ENV.append(make_env(task, (16, 16)))
+    rewards = rewards_of(_ENV[0], seed, expert_trajectory(task, seed))
+    return "by_handover" if handover_step(rewards) >= 0 else "by_left_alone" if SOLVED in rewards else "fails"
+
+
+def split_by_expert(name: str, per_episode: Sequence[dict[str, Any]], outcomes: dict[int, str]) -> list[dict[str, Any]]:
+    """The report's episodes grouped by the expert's outcome on their seed (`outcomes`)."""
+    rows = []
+    for outcome in EXPERT_OUTCOMES:
+        group = [e for e in per_episode if outcomes[e["seed"]] == outcome]
+        failed = [e for e in group if not e["success"]]
+        ends = {end: sum(int(e["max_reward"]) == level for e in failed) for level, end in enumerate(FAILURE_ENDS)}
+        rows.append({"source": name, "expert": outcome, "episodes": len(group),
+                     "successes": len(group) - len(failed), **ends})
+    return rows
+
+
+def by_expert(paths: Sequence[str], workers: int) -> list[dict[str, Any]]:
+    reports = {}
+    for path in paths:
+        with open(path) as f:
+            reports[path] = json.load(f)["results"]["policy"]["per_episode"]
+    seeds = sorted({e["seed"] for episodes in reports.values() for e in episodes})
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        outcomes = dict(zip(seeds, pool.map(expert_outcome, seeds)))
+    rows = [row for path, episodes in reports.items() for row in split_by_expert(path, episodes, outcomes)]
+    print("\n| source | the expert on the seed | episodes | success | never touched | touched | lifted | both grippers |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['source']} | {r['expert']} | {r['episodes']} | {r['successes']} | "
+              + " | ".join(str(r[end]) for end in FAILURE_ENDS) + " |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reports", nargs="*", default=[], help="run folders or rollout report.json files")
     parser.add_argument("--demos", nargs="*", default=[], help="folders data.sim_demos wrote")
+    parser.add_argument("--by-expert", action="store_true",
+                        help="also split the reports' episodes by what the scripted expert does on their seeds")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes replaying the expert")
     parser.add_argument("--out", default="benchmarks/results/handover.json")
     args = parser.parse_args()
     if not args.reports and not args.demos:
         parser.error("give --reports or --demos")
-    rows = [summarise(p, report_rewards(p)) for p in report_paths(args.reports)]
+    if args.by_expert and not args.reports:
+        parser.error("--by-expert splits the episodes of --reports")
+    paths = report_paths(args.reports)
+    rows = [summarise(p, report_rewards(p)) for p in paths]
     rows += [summarise(d, demo_rewards(d)) for d in args.demos]
     print("| source | episodes | success | by a hand-over | by the left gripper alone | held by the right gripper |\n"
           "|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['source']} | {r['episodes']} | {r['successes']} | {r['by_handover']} | {r['by_left_alone']} "
               f"| {r['held_by_right']} |")
-    write_json(args.out, rows)
+    expert_rows = by_expert(paths, args.workers) if args.by_expert else []
+    write_json(args.out, {"sources": rows, "by_expert": expert_rows})
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """Scripted demonstrations in a simulator, written as a LeRobot v3.0 dataset.
 
     python -m data.sim_demos --task transfer_cube --episodes 50 --out DIR \
-        [--seed S] [--image-size H W] [--workers N] [--tail K] [--handover-only]
+        [--seed S] [--image-size H W] [--workers N] [--tail K] [--expert-style STYLE]
 
 Seeds S, S+1, ... (from data.sim_env.DEMO_SEEDS) are given to the scripted expert
 (data/aloha_expert.py), whose joint-space actions are replayed in the task's joint-space env
 (data.sim_env.make_env, the scene gym.make(gym_id) builds for that seed). Only episodes the replay
 solves are kept, until --episodes are; an episode ends --tail steps after the step that solved it.
---handover-only uses the expert's hand-over style and keeps only the episodes solved by a hand-over
-(the right gripper holds the cube off the table before the left one takes it; data/aloha_expert.py).
+--expert-style picks how the expert grasps and what it counts as solved (data/aloha_expert.py):
+`default`; `handover_only` keeps only the episodes solved by a hand-over (the right gripper holds the
+cube off the table before the left one takes it); `prefer_handover` hands over wherever a grasp can.
 Each kept episode is replayed a second time, rendering the camera before every action: a rendered
 frame costs ~90 ms on a CPU, a physics step ~1 ms, so frames are rendered for kept episodes only.
 Seeds are spread over --workers processes, each with its own env.
@@ -31,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from data.aloha_expert import EXPERT_TASKS, SOLVED, expert_trajectory, solved_step
+from data.aloha_expert import EXPERT_STYLES, EXPERT_TASKS, SOLVED, expert_trajectory, solved_step
 from data.lerobot_writer import LeRobotWriter
 from data.sim_env import DEMO_SEEDS, SimEnv, SimTask, SimTaskError, check_seeds, get_task, make_env
 
@@ -67,15 +68,16 @@ def replay(env: SimEnv, seed: int, actions: np.ndarray, render: bool, handover_o
     return {"solved": solved_step(rewards, handover_only), "state": np.asarray(states, np.float32), "frames": frames}
 
 
-def record_episode(job: Tuple[str, int, Tuple[int, int], int, bool]) -> dict:
+def record_episode(job: Tuple[str, int, Tuple[int, int], int, str]) -> dict:
     """One seed, in a worker: the expert's actions, an unrendered replay to decide success, then,
     if solved, a rendered replay up to `tail` steps past the solving step."""
-    name, seed, image_size, tail, handover_only = job
+    name, seed, image_size, tail, style = job
+    handover_only = style == "handover_only"
     start, cpu = time.perf_counter(), time.process_time()
     if (name, image_size) not in _ENV:
         _ENV[(name, image_size)] = make_env(name, image_size)
     env = _ENV[(name, image_size)]
-    actions = expert_trajectory(name, seed, handover_only)
+    actions = expert_trajectory(name, seed, style)
     solved = replay(env, seed, actions, render=False, handover_only=handover_only)["solved"]
     out = {"seed": seed, "solved": solved, "planned": len(actions)}
     if solved >= 0:
@@ -95,11 +97,13 @@ def check_out(out: str) -> None:
 
 
 def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[int, int], workers: int,
-             tail: int, handover_only: bool = False, log: Callable[[str], None] = print) -> dict:
+             tail: int, style: str = "default", log: Callable[[str], None] = print) -> dict:
     """Write `episodes` solved demonstrations of task `name` to `out`; returns the summary."""
     task = get_task(name)
     if task.name not in EXPERT_TASKS:
         raise SimTaskError(f"no scripted expert for task {name!r}; experts exist for: {', '.join(EXPERT_TASKS)}")
+    if style not in EXPERT_STYLES:
+        raise SimTaskError(f"expert style {style!r}; expected one of {', '.join(EXPERT_STYLES)}")
     if episodes < 1 or workers < 1 or tail < 0 or min(image_size) < 16:
         raise SimTaskError(f"--episodes ({episodes}) and --workers ({workers}) must be >= 1, --tail ({tail}) >= 0, "
                            f"--image-size ({image_size[0]} {image_size[1]}) at least 16 16")
@@ -123,7 +127,7 @@ def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[in
                                    f"1 in {ATTEMPTS_PER_EPISODE}; {episodes} episodes were asked for")
             batch = range(next_seed, next_seed + min(episodes - len(kept), budget - len(tried)))
             next_seed = batch.stop
-            jobs = [(name, s, (image_size[0], image_size[1]), tail, handover_only) for s in batch]
+            jobs = [(name, s, (image_size[0], image_size[1]), tail, style) for s in batch]
             for result in pool.imap(record_episode, jobs):
                 tried.append(result)
                 ok = result["solved"] >= 0
@@ -136,7 +140,7 @@ def generate(name: str, episodes: int, out: str, seed: int, image_size: Tuple[in
                     kept.append(result)
         writer.close()
         provenance = {"task": name, "seeds": [r["seed"] for r in kept], "image_size": list(image_size), "tail": tail,
-                      "handover_only": handover_only}
+                      "expert_style": style}
         with open(os.path.join(tmp, "meta", PROVENANCE), "w") as f:
             json.dump(provenance, f, indent=1)
         if os.path.isdir(out):  # empty (check_out): replaced by the finished dataset
@@ -176,15 +180,16 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="rendered camera size (default: configs/aloha_sim.yaml's video size)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--tail", type=int, default=10, help="steps kept after the step that solves the task")
-    parser.add_argument("--handover-only", action="store_true",
-                        help="the expert's right gripper points at the cube, and only seeds solved by a hand-over "
-                             "are kept (the default also keeps the left gripper lifting a dropped cube)")
+    parser.add_argument("--expert-style", choices=EXPERT_STYLES, default="default",
+                        help="handover_only: the right gripper points at the cube and only hand-overs are kept; "
+                             "prefer_handover: the -x grasp that hands over, else the pointed one, else the default's "
+                             "(data/aloha_expert.py)")
     args = parser.parse_args(argv)
     # a kill (SIGTERM) unwinds like Ctrl-C: the workers stop and the temporary folder is removed
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         generate(args.task, args.episodes, args.out, args.seed, tuple(args.image_size), args.workers, args.tail,
-                 args.handover_only)
+                 args.expert_style)
     except SimTaskError as e:
         print(f"data.sim_demos: {e}", file=sys.stderr)
         sys.exit(2)

@@ -5,7 +5,8 @@ import subprocess
 import sys
 
 from tests.helpers import ROOT
-from benchmarks.handover import demo_rewards, held_before_solved, report_rewards, summarise
+from benchmarks.handover import (demo_rewards, expert_outcome, held_before_solved, report_rewards, split_by_expert,
+                                 summarise)
 
 
 def test_rewards_say_which_hand_solved():
@@ -24,8 +25,8 @@ def test_a_report_and_demonstrations_folders(tmp_path):
         {"seed": 1000000, "success": True, "rewards": [0, 2, 4]}, {"seed": 1000001, "success": False, "rewards": [0, 1]}]}}}))
     assert report_rewards(str(report)) == [[0, 2, 4], [0, 1]]
     # seed 2: the default expert's cube slips out of the right gripper and the left one lifts it off
-    # the table alone; --handover-only points the right gripper at the cube and hands it over
-    for flags, hand in (([], "by_left_alone"), (["--handover-only"], "by_handover")):
+    # the table alone; --expert-style handover_only points the right gripper at the cube and hands it over
+    for flags, hand in (([], "by_left_alone"), (["--expert-style", "handover_only"], "by_handover")):
         demos = tmp_path / f"demos{len(flags)}"
         result = subprocess.run([sys.executable, "-m", "data.sim_demos", "--task", "transfer_cube", "--episodes", "1",
                                  "--out", str(demos), "--seed", "2", "--image-size", "16", "16", "--workers", "1",
@@ -34,3 +35,22 @@ def test_a_report_and_demonstrations_folders(tmp_path):
         (rewards,) = demo_rewards(str(demos))
         assert rewards[-1] == 4 and summarise("d", [rewards])[hand] == 1
         assert (2.0 in rewards) == bool(flags)
+
+
+def test_episodes_split_by_what_the_expert_does_on_their_seed():
+    episodes = [{"seed": 1, "success": True, "max_reward": 4}, {"seed": 2, "success": False, "max_reward": 2},
+                {"seed": 3, "success": False, "max_reward": 0}, {"seed": 4, "success": True, "max_reward": 4},
+                {"seed": 5, "success": False, "max_reward": 3}, {"seed": 6, "success": False, "max_reward": 1}]
+    outcomes = {1: "by_handover", 2: "by_handover", 3: "by_left_alone", 4: "by_left_alone", 5: "by_left_alone",
+                6: "fails"}
+    rows = split_by_expert("r", episodes, outcomes)
+    assert [(r["expert"], r["episodes"], r["successes"]) for r in rows] == [
+        ("by_handover", 2, 1), ("by_left_alone", 3, 1), ("fails", 1, 0)]
+    assert [[r[k] for k in ("never_touched", "touched", "lifted", "both_grippers")] for r in rows] == [
+        [0, 0, 1, 0], [1, 0, 0, 1], [0, 1, 0, 0]]
+
+
+def test_the_expert_outcome_of_known_seeds():
+    # seeds 0 and 2 as in test_a_report_and_demonstrations_folders; on seed 21 (of 0-79 the only one)
+    # every grasp depth the expert tries fails
+    assert [expert_outcome(seed) for seed in (0, 2, 21)] == ["by_handover", "by_left_alone", "fails"]

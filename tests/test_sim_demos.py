@@ -48,12 +48,25 @@ def test_expert_solves_in_the_joint_env_within_the_cap(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_handover_only_expert_hands_the_cube_over(seed):
-    actions = expert_trajectory("transfer_cube", seed, handover_only=True)
+    actions = expert_trajectory("transfer_cube", seed, "handover_only")
     assert actions.dtype == np.float32 and len(actions) <= TASKS["transfer_cube"].max_steps
     solved, _, _, rewards = replay(seed, actions)
     assert 0 <= solved < 250, solved
     held = rewards.index(2.0)  # the right gripper holds the cube off the table ...
     assert held < solved and max(rewards[:held]) < 2 and handover_step(rewards) == solved  # ... before the left takes it
+
+
+def test_prefer_handover_keeps_the_default_grasp_where_it_hands_over():
+    # seed 0: the default -x grasp hands over at its first depth, so the trajectory is the default's;
+    # seed 2: no -x depth hands over (the default's success is the left gripper alone), the pointed grasp does
+    np.testing.assert_array_equal(expert_trajectory("transfer_cube", 0, "prefer_handover"),
+                                  expert_trajectory("transfer_cube", 0))
+    actions = expert_trajectory("transfer_cube", 2, "prefer_handover")
+    np.testing.assert_array_equal(actions, expert_trajectory("transfer_cube", 2, "handover_only"))
+    solved, _, _, rewards = replay(2, actions)
+    assert handover_step(rewards) == solved >= 0
+    with pytest.raises(SimTaskError, match="expert style 'both'; expected one of default, handover_only, prefer_handover"):
+        expert_trajectory("transfer_cube", 0, "both")
 
 
 def test_a_cube_the_left_gripper_lifts_off_the_table_is_no_handover():
@@ -95,7 +108,7 @@ def test_written_folder_loads_with_the_replayed_values_and_frames(demos, tmp_pat
     assert info["features"]["observation.images.top"]["shape"] == [H, W, 3]
     provenance = json.load(open(out / "meta" / "sim_demos.json"))
     assert provenance == {"task": "transfer_cube", "seeds": [3, 4], "image_size": [H, W], "tail": 4,
-                          "handover_only": False}
+                          "expert_style": "default"}
     cfg = config_from(tmp_path, {
         "common": {"action_dim": 14, "state_dim": 14, "num_video_frames": 2, "video_height": H, "video_width": W,
                    "global_downsample_rate": 8, "video_action_freq_ratio": 2},
