@@ -20,7 +20,8 @@ off the table (the hand-overs are those of them that succeeded). Written to OUT.
 (`data.aloha_expert.expert_trajectory`, the one `data.sim_demos` writes by default) is replayed on each
 report episode's seed, and the report's episodes are split by what it does there (a hand-over, the left
 gripper alone, or no success), each group with the policy's successes and how its failures ended
-(`max_reward`: never touched, touched, lifted, both grippers on the cube). The expert is replayed unrendered: about 0.3 CPU-s a seed.
+(`max_reward`: never touched, touched, lifted, both grippers on the cube). The expert is replayed
+unrendered: about 0.3 CPU-s a seed.
 """
 import argparse
 import json
