@@ -106,8 +106,8 @@ def by_expert(paths: Sequence[str], workers: int) -> list[dict[str, Any]]:
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         outcomes = dict(zip(seeds, pool.map(expert_outcome, seeds)))
     rows = [row for path, episodes in reports.items() for row in split_by_expert(path, episodes, outcomes)]
-    print("\n| source | the expert on the seed | episodes | success | never touched | touched | lifted | both grippers |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print("\n| source | the expert on the seed | episodes | success | never touched | touched | lifted "
+          "| both grippers |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['source']} | {r['expert']} | {r['episodes']} | {r['successes']} | "
               + " | ".join(str(r[end]) for end in FAILURE_ENDS) + " |")

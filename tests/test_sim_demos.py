@@ -65,7 +65,7 @@ def test_prefer_handover_keeps_the_default_grasp_where_it_hands_over():
     np.testing.assert_array_equal(actions, expert_trajectory("transfer_cube", 2, "handover_only"))
     solved, _, _, rewards = replay(2, actions)
     assert handover_step(rewards) == solved >= 0
-    with pytest.raises(SimTaskError, match="expert style 'both'; expected one of default, handover_only, prefer_handover"):
+    with pytest.raises(SimTaskError, match="style 'both'; expected one of default, handover_only, prefer_handover"):
         expert_trajectory("transfer_cube", 0, "both")
 
 
