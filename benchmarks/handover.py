@@ -33,22 +33,30 @@ from typing import Any, Sequence
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.pose_coverage import report_paths  # noqa: E402
-from data.aloha_expert import SOLVED, expert_trajectory, handover_step, held_before_solved, rewards_of  # noqa: E402
+from data.aloha_expert import SOLVED, expert_replayed, handover_step, held_before_solved, rewards_of  # noqa: E402
 from benchmarks.results import write_json  # noqa: E402
+
+OUTCOMES = ("by_handover", "by_left_alone", "fails")
+"""What an episode's rewards say (`solved_by`)."""
+
+
+def solved_by(rewards: Sequence[float]) -> str:
+    """One of OUTCOMES: solved by a hand-over, by the left gripper alone, or not solved."""
+    return "by_handover" if handover_step(rewards) >= 0 else "by_left_alone" if SOLVED in rewards else "fails"
 
 
 def summarise(name: str, episodes: Sequence[Sequence[float]]) -> dict[str, Any]:
     """`episodes`: the per-step rewards of each episode."""
-    successes = sum(SOLVED in r for r in episodes)
-    by_handover = sum(handover_step(r) >= 0 for r in episodes)  # = the episodes held that were solved
-    return {"source": name, "episodes": len(episodes), "successes": successes, "by_handover": by_handover,
-            "by_left_alone": successes - by_handover, "held_by_right": sum(held_before_solved(r) for r in episodes)}
+    outcomes = [solved_by(r) for r in episodes]
+    return {"source": name, "episodes": len(episodes), "successes": len(episodes) - outcomes.count("fails"),
+            "by_handover": outcomes.count("by_handover"), "by_left_alone": outcomes.count("by_left_alone"),
+            "held_by_right": sum(held_before_solved(r) for r in episodes)}
 
 
-def report_rewards(path: str) -> list[list[float]]:
+def report_episodes(path: str) -> list[dict[str, Any]]:
+    """The policy's `per_episode` entries of a rollout's report.json."""
     with open(path) as f:
-        report = json.load(f)
-    return [list(e["rewards"]) for e in report["results"]["policy"]["per_episode"]]
+        return list(json.load(f)["results"]["policy"]["per_episode"])
 
 
 def demo_rewards(folder: str) -> list[list[float]]:
@@ -69,26 +77,20 @@ def demo_rewards(folder: str) -> list[list[float]]:
     return [rewards_of(env, seed, episode.action) for episode, seed in zip(episodes, provenance["seeds"])]
 
 
-EXPERT_OUTCOMES = ("by_handover", "by_left_alone", "fails")
 FAILURE_ENDS = ("never_touched", "touched", "lifted", "both_grippers")
 """How a failed episode ended, by its highest reward (0-3): gym-aloha's transfer_cube levels."""
-_ENV: list[Any] = []  # one unrendered simulator per worker process
 
 
 def expert_outcome(seed: int, task: str = "transfer_cube") -> str:
-    """What the default scripted expert does on `seed`: one of EXPERT_OUTCOMES."""
-    from data.sim_env import make_env
-
-    if not _ENV:
-        _ENV.append(make_env(task, (16, 16)))
-    rewards = rewards_of(_ENV[0], seed, expert_trajectory(task, seed))
-    return "by_handover" if handover_step(rewards) >= 0 else "by_left_alone" if SOLVED in rewards else "fails"
+    """What the default scripted expert does on `seed`: one of OUTCOMES (from the rewards of the
+    replay with which the expert checks its own trajectory)."""
+    return solved_by(expert_replayed(task, seed)[1])
 
 
 def split_by_expert(name: str, per_episode: Sequence[dict[str, Any]], outcomes: dict[int, str]) -> list[dict[str, Any]]:
     """The report's episodes grouped by the expert's outcome on their seed (`outcomes`)."""
     rows = []
-    for outcome in EXPERT_OUTCOMES:
+    for outcome in OUTCOMES:
         group = [e for e in per_episode if outcomes[e["seed"]] == outcome]
         failed = [e for e in group if not e["success"]]
         ends = {end: sum(int(e["max_reward"]) == level for e in failed) for level, end in enumerate(FAILURE_ENDS)}
@@ -97,11 +99,8 @@ def split_by_expert(name: str, per_episode: Sequence[dict[str, Any]], outcomes: 
     return rows
 
 
-def by_expert(paths: Sequence[str], workers: int) -> list[dict[str, Any]]:
-    reports = {}
-    for path in paths:
-        with open(path) as f:
-            reports[path] = json.load(f)["results"]["policy"]["per_episode"]
+def by_expert(reports: dict[str, list[dict[str, Any]]], workers: int) -> list[dict[str, Any]]:
+    """`reports`: each report's path and its `per_episode` entries."""
     seeds = sorted({e["seed"] for episodes in reports.values() for e in episodes})
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         outcomes = dict(zip(seeds, pool.map(expert_outcome, seeds)))
@@ -127,15 +126,15 @@ def main() -> None:
         parser.error("give --reports or --demos")
     if args.by_expert and not args.reports:
         parser.error("--by-expert splits the episodes of --reports")
-    paths = report_paths(args.reports)
-    rows = [summarise(p, report_rewards(p)) for p in paths]
+    reports = {path: report_episodes(path) for path in report_paths(args.reports)}
+    rows = [summarise(path, [list(e["rewards"]) for e in episodes]) for path, episodes in reports.items()]
     rows += [summarise(d, demo_rewards(d)) for d in args.demos]
     print("| source | episodes | success | by a hand-over | by the left gripper alone | held by the right gripper |\n"
           "|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['source']} | {r['episodes']} | {r['successes']} | {r['by_handover']} | {r['by_left_alone']} "
               f"| {r['held_by_right']} |")
-    expert_rows = by_expert(paths, args.workers) if args.by_expert else []
+    expert_rows = by_expert(reports, args.workers) if args.by_expert else []
     write_json(args.out, {"sources": rows, "by_expert": expert_rows})
 
 

@@ -263,12 +263,20 @@ _ATTEMPTS = {
                         (False, TIP_BELOW_TRIES, False)),
 }
 EXPERT_STYLES = tuple(_ATTEMPTS)
-"""The expert's styles (module docstring); `handover_only` is the one whose successes all hand over."""
+"""The expert's styles (module docstring)."""
+HANDOVER_ONLY_STYLES = tuple(style for style, attempts in _ATTEMPTS.items() if all(h for _, _, h in attempts))
+"""The styles whose every success is a hand-over (the others also accept the left gripper alone)."""
 
 
 def expert_trajectory(task_name: str, seed: int, style: str = "default") -> np.ndarray:
     """float32 [T, 14]: the scripted expert's joint-space actions for the scene of `seed` (no rendering),
     in one of EXPERT_STYLES."""
+    return expert_replayed(task_name, seed, style)[0]
+
+
+def expert_replayed(task_name: str, seed: int, style: str = "default") -> Tuple[np.ndarray, List[float]]:
+    """`expert_trajectory`'s actions and their rewards in the joint-space scene of `seed` up to the first
+    SOLVED one (`rewards_of`): the try it kept, or the last try's when none solves."""
     task = get_task(task_name)
     if task.name not in EXPERT_TASKS:
         raise SimTaskError(f"no scripted expert for task {task_name!r}; experts exist for: {', '.join(EXPERT_TASKS)}")
@@ -279,9 +287,10 @@ def expert_trajectory(task_name: str, seed: int, style: str = "default") -> np.n
     for point_at_cube, depths, handover in _ATTEMPTS[style]:
         for tip_below in depths:
             actions = end_effector_pass(seed, tip_below, point_at_cube)[0]
-            if solved_step(rewards_of(_JOINT_ENV[0], seed, actions), handover) >= 0:
-                return actions
-    return actions  # the last try's when none solves: the caller's replay finds it fails
+            rewards = rewards_of(_JOINT_ENV[0], seed, actions)
+            if solved_step(rewards, handover) >= 0:
+                return actions, rewards
+    return actions, rewards  # the last try's when none solves
 
 
 # gym-aloha's transfer_cube rewards: 2, the right gripper touches the cube and the table does not;

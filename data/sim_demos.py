@@ -32,7 +32,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from data.aloha_expert import EXPERT_STYLES, EXPERT_TASKS, SOLVED, expert_trajectory, solved_step
+from data.aloha_expert import (EXPERT_STYLES, EXPERT_TASKS, HANDOVER_ONLY_STYLES, SOLVED, expert_trajectory,
+                               solved_step)
 from data.lerobot_writer import LeRobotWriter
 from data.sim_env import DEMO_SEEDS, SimEnv, SimTask, SimTaskError, check_seeds, get_task, make_env
 
@@ -72,7 +73,7 @@ def record_episode(job: Tuple[str, int, Tuple[int, int], int, str]) -> dict:
     """One seed, in a worker: the expert's actions, an unrendered replay to decide success, then,
     if solved, a rendered replay up to `tail` steps past the solving step."""
     name, seed, image_size, tail, style = job
-    handover_only = style == "handover_only"
+    handover_only = style in HANDOVER_ONLY_STYLES
     start, cpu = time.perf_counter(), time.process_time()
     if (name, image_size) not in _ENV:
         _ENV[(name, image_size)] = make_env(name, image_size)

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from tests.helpers import ROOT
-from benchmarks.handover import (demo_rewards, expert_outcome, held_before_solved, report_rewards, split_by_expert,
+from benchmarks.handover import (demo_rewards, expert_outcome, held_before_solved, report_episodes, split_by_expert,
                                  summarise)
 
 
@@ -23,7 +23,7 @@ def test_a_report_and_demonstrations_folders(tmp_path):
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"results": {"policy": {"per_episode": [
         {"seed": 1000000, "success": True, "rewards": [0, 2, 4]}, {"seed": 1000001, "success": False, "rewards": [0, 1]}]}}}))
-    assert report_rewards(str(report)) == [[0, 2, 4], [0, 1]]
+    assert [e["rewards"] for e in report_episodes(str(report))] == [[0, 2, 4], [0, 1]]
     # seed 2: the default expert's cube slips out of the right gripper and the left one lifts it off
     # the table alone; --expert-style handover_only points the right gripper at the cube and hands it over
     for flags, hand in (([], "by_left_alone"), (["--expert-style", "handover_only"], "by_handover")):
