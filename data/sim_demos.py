@@ -10,8 +10,9 @@ solves are kept, until --episodes are; an episode ends --tail steps after the st
 --expert-style picks how the expert grasps and what it counts as solved (data/aloha_expert.py):
 `default`; `handover_only` keeps only the episodes solved by a hand-over (the right gripper holds the
 cube off the table before the left one takes it); `prefer_handover` hands over wherever a grasp can.
-Each kept episode is replayed a second time, rendering the camera before every action: a rendered
-frame costs ~90 ms on a CPU, a physics step ~1 ms, so frames are rendered for kept episodes only.
+The expert's own unrendered replay (`expert_replayed`'s rewards) decides whether an episode is kept;
+each kept one is replayed once more, rendering the camera before every action: a rendered frame
+costs ~90 ms on a CPU, a physics step ~1 ms, so frames are rendered for kept episodes only.
 Seeds are spread over --workers processes, each with its own env.
 
 Written under a temporary folder beside --out and renamed to --out at the end: --out never holds a
@@ -28,12 +29,11 @@ import shutil
 import signal
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from data.aloha_expert import (EXPERT_STYLES, EXPERT_TASKS, HANDOVER_ONLY_STYLES, SOLVED, expert_trajectory,
-                               solved_step)
+from data.aloha_expert import (EXPERT_STYLES, EXPERT_TASKS, HANDOVER_ONLY_STYLES, expert_replayed, solved_step)
 from data.lerobot_writer import LeRobotWriter
 from data.sim_env import DEMO_SEEDS, SimEnv, SimTask, SimTaskError, check_seeds, get_task, make_env
 
@@ -52,41 +52,37 @@ def features(task: SimTask, image_size: Tuple[int, int]) -> dict:
             task.image_key: {"dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"]}}
 
 
-def replay(env: SimEnv, seed: int, actions: np.ndarray, render: bool, handover_only: bool,
-           stop: Optional[int] = None) -> Dict[str, Any]:
-    """Execute `actions` from the scene of `seed` (the first `stop` of them when given). Returns the
-    step that solved the task (-1: none; by a hand-over with `handover_only`: `solved_step`) and, per
-    executed step, the state (and frame) before it."""
+def replay(env: SimEnv, seed: int, actions: np.ndarray, handover_only: bool) -> Dict[str, Any]:
+    """Execute `actions` from the scene of `seed`, rendering the camera before each. Returns the step
+    that solved the task (-1: none; by a hand-over with `handover_only`: `solved_step`) and, per
+    executed step, the state and frame before it."""
     env.reset(seed, observe=False)
     states, frames, rewards = [], [], []
-    for action in actions[:stop]:
+    for action in actions:
         states.append(env.state())
-        if render:
-            frames.append(env.render())
+        frames.append(env.render())
         rewards.append(env.step(action)[0])
-        if stop is None and rewards[-1] == SOLVED:
-            break
     return {"solved": solved_step(rewards, handover_only), "state": np.asarray(states, np.float32), "frames": frames}
 
 
 def record_episode(job: Tuple[str, int, Tuple[int, int], int, str]) -> dict:
-    """One seed, in a worker: the expert's actions, an unrendered replay to decide success, then,
-    if solved, a rendered replay up to `tail` steps past the solving step."""
+    """One seed, in a worker: the expert's actions and the rewards of their unrendered replay, which
+    decide success, then, if solved, a rendered replay up to `tail` steps past the solving step."""
     name, seed, image_size, tail, style = job
     handover_only = style in HANDOVER_ONLY_STYLES
     start, cpu = time.perf_counter(), time.process_time()
     if (name, image_size) not in _ENV:
         _ENV[(name, image_size)] = make_env(name, image_size)
     env = _ENV[(name, image_size)]
-    actions = expert_trajectory(name, seed, style)
-    solved = replay(env, seed, actions, render=False, handover_only=handover_only)["solved"]
-    out = {"seed": seed, "solved": solved, "planned": len(actions)}
+    actions, rewards = expert_replayed(name, seed, style)
+    solved = solved_step(rewards, handover_only)
+    out: Dict[str, Any] = {"seed": seed, "solved": solved, "planned": len(actions)}
     if solved >= 0:
         length = min(len(actions), solved + 1 + tail)
-        run = replay(env, seed, actions, render=True, handover_only=handover_only, stop=length)
+        run = replay(env, seed, actions[:length], handover_only)
         if run["solved"] != solved:  # the physics is deterministic: a mismatch is a bug, not bad luck
             raise RuntimeError(f"seed {seed}: the rendered replay solved at step {run['solved']}, "
-                               f"the unrendered one at {solved}")
+                               f"the expert's unrendered one at {solved}")
         out.update(state=run["state"], action=actions[:length], frames=np.stack(run["frames"]))
     out.update(seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - cpu)
     return out
