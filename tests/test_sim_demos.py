@@ -173,3 +173,8 @@ def test_aloha_recipe_loads_and_matches_the_simulator_and_the_demos():
     assert cfg.serving.image_keys == [task.image_key] and cfg.serving.state_key == task.state_key
     assert cfg.serving.image_shape == [c.video_height, c.video_width, 3]
     assert cfg.model.size == "tiny" and cfg.model.wan.vae_path == "assets/tiny_aloha/vae"  # not the squares' VAE
+    # actions relative to the state only where both name the same arm joint; a gripper's action is a command
+    from gym_aloha.constants import JOINTS
+    arms = [i for i, name in enumerate(JOINTS) if not name.endswith("_gripper")]
+    assert cfg.dataset.relative_action_dims == arms and len(arms) == 12
+    assert 0 < cfg.dataset.relative_action_horizon < c.action_chunk_size
