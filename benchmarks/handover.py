@@ -12,7 +12,8 @@ table) before reward 4 (`data.aloha_expert.handover_step`).
 A rollout's report.json records each episode's rewards (`per_episode`); a run folder gives the
 `checkpoint_step_N/eval/report.json` of each evaluated checkpoint. A demonstrations folder records
 none, so each of its episodes' actions is replayed from its seed (meta/sim_demos.json) in the
-simulator, unrendered. Printed, one row per report or folder: episodes, successes, those by a
+simulator, unrendered (for a folder made with --action-noise, with the offset each episode was
+executed with: `data.sim_demos.arm_noise` of its seed and recorded draw). Printed, one row per report or folder: episodes, successes, those by a
 hand-over and by the left gripper alone, and the episodes in which the right gripper held the cube
 off the table (the hand-overs are those of them that succeeded). Written to OUT.
 
@@ -60,10 +61,11 @@ def report_episodes(path: str) -> list[dict[str, Any]]:
 
 
 def demo_rewards(folder: str) -> list[list[float]]:
-    """Each demonstration's actions replayed from its seed; the rewards up to its first 4."""
+    """Each demonstration's actions replayed from its seed, as they were executed; the rewards up to its
+    first 4."""
     from data.errors import DataError
     from data.lerobot_format import LeRobotSource
-    from data.sim_demos import PROVENANCE
+    from data.sim_demos import PROVENANCE, arm_noise
     from data.sim_env import make_env
 
     with open(os.path.join(folder, "meta", PROVENANCE)) as f:
@@ -74,7 +76,10 @@ def demo_rewards(folder: str) -> list[list[float]]:
 
     episodes = LeRobotSource(folder, 0, None, "action").load(bad)
     env = make_env(provenance["task"], (16, 16))
-    return [rewards_of(env, seed, episode.action) for episode, seed in zip(episodes, provenance["seeds"])]
+    noise = provenance.get("action_noise") or 0.0  # absent in folders written before --action-noise
+    draws = provenance.get("noise_draws") or [0] * len(episodes)
+    return [rewards_of(env, seed, episode.action + (arm_noise(seed, draw, len(episode.action), noise) if noise else 0))
+            for episode, seed, draw in zip(episodes, provenance["seeds"], draws)]
 
 
 FAILURE_ENDS = ("never_touched", "touched", "lifted", "both_grippers")

@@ -108,7 +108,7 @@ def test_written_folder_loads_with_the_replayed_values_and_frames(demos, tmp_pat
     assert info["features"]["observation.images.top"]["shape"] == [H, W, 3]
     provenance = json.load(open(out / "meta" / "sim_demos.json"))
     assert provenance == {"task": "transfer_cube", "seeds": [3, 4], "image_size": [H, W], "tail": 4,
-                          "expert_style": "default"}
+                          "expert_style": "default", "action_noise": 0.0, "noise_draws": None}
     cfg = config_from(tmp_path, {
         "common": {"action_dim": 14, "state_dim": 14, "num_video_frames": 2, "video_height": H, "video_width": W,
                    "global_downsample_rate": 8, "video_action_freq_ratio": 2},
@@ -138,11 +138,57 @@ def test_written_folder_loads_with_the_replayed_values_and_frames(demos, tmp_pat
                 assert err.mean() < 0.03, (seed, c, k, err.mean())
 
 
-@pytest.mark.parametrize("case", ["unknown_task", "no_expert", "existing_out", "eval_seed"])
+def test_arm_noise_is_a_slow_offset_of_the_given_spread_on_the_arms_only():
+    from data.sim_demos import NOISE_STEPS, arm_noise
+
+    offset = arm_noise(7, 0, 200_000, 0.02)
+    assert offset.shape == (200_000, 14) and not offset[:, [6, 13]].any()  # the grippers' commands untouched
+    arms = offset[:, [0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12]]
+    assert np.allclose(arms.std(axis=0), 0.02, rtol=0.05)  # stationary from the first step
+    lagged = (arms[NOISE_STEPS:] * arms[:-NOISE_STEPS]).mean() / arms.var()
+    assert abs(lagged - np.exp(-1)) < 0.03  # correlated over NOISE_STEPS steps
+    np.testing.assert_array_equal(arm_noise(7, 0, 300, 0.02), offset[:300])  # a seed and draw give one offset
+    assert not np.allclose(arm_noise(7, 1, 300, 0.02), offset[:300])
+
+
+def test_action_noise_records_the_expert_at_the_perturbed_states(tmp_path):
+    from benchmarks.handover import demo_rewards
+    from data.sim_demos import arm_noise
+
+    out = tmp_path / "noisy"
+    result = run_demos("--task", "transfer_cube", "--episodes", "1", "--out", str(out), "--seed", "3",
+                       "--image-size", str(H), str(W), "--workers", "1", "--tail", "4", "--action-noise", "0.02")
+    assert result.returncode == 0, result.stdout + result.stderr
+    provenance = json.load(open(out / "meta" / "sim_demos.json"))
+    assert provenance["action_noise"] == 0.02 and provenance["seeds"] == [3]
+    (draw,) = provenance["noise_draws"]
+    cfg = config_from(tmp_path, {
+        "common": {"action_dim": 14, "state_dim": 14, "num_video_frames": 2, "video_height": H, "video_width": W,
+                   "global_downsample_rate": 8, "video_action_freq_ratio": 2},
+        "dataset": {"type": "lerobot", "dataset_dir": str(out), "val_fraction": 0.0, "normalization": "none"},
+        "training": {"batch_size": 2, "seed": 0}, "system": {"num_workers": 0}})
+    train, _, _ = build_datasets(cfg)
+    actions = expert_trajectory("transfer_cube", 3)
+    executed = actions + arm_noise(3, draw, len(actions), 0.02)
+    solved, states, _, _ = replay(3, executed)
+    _, clean_states, _, _ = replay(3, actions)
+    ep = train.episodes[0]
+    assert ep.length == solved + 1 + 4
+    for c in (0, (ep.length - 1 - train.spec.span) // 2):
+        sample = train.load((0, c))
+        np.testing.assert_array_equal(sample["state"].numpy(), states[c])  # the perturbed arm's state ...
+        np.testing.assert_array_equal(sample["actions"].numpy(), actions[train.spec.action_indices(c)])  # ... the plan
+    assert np.abs(states[:ep.length] - clean_states[:ep.length]).max() > 0.01  # the noise moved the arm
+    (rewards,) = demo_rewards(str(out))  # benchmarks/handover.py replays the execution, not the labels
+    assert len(rewards) == solved + 1 and rewards[-1] == 4.0
+
+
+@pytest.mark.parametrize("case", ["unknown_task", "no_expert", "existing_out", "eval_seed", "negative_noise"])
 def test_bad_input_one_message_nothing_left(tmp_path, case):
     out = tmp_path / "out"
     args = {"unknown_task": ["--task", "fold_towel"], "no_expert": ["--task", "insertion"],
-            "existing_out": ["--task", "transfer_cube"], "eval_seed": ["--task", "transfer_cube", "--seed", "1000000"]}
+            "existing_out": ["--task", "transfer_cube"], "eval_seed": ["--task", "transfer_cube", "--seed", "1000000"],
+            "negative_noise": ["--task", "transfer_cube", "--action-noise", "-0.01"]}
     if case == "existing_out":
         out.mkdir()
         (out / "mine.txt").write_text("keep")
@@ -150,7 +196,8 @@ def test_bad_input_one_message_nothing_left(tmp_path, case):
     message = {"unknown_task": "unknown task 'fold_towel'; known tasks: insertion, pusht, transfer_cube",
                "no_expert": "no scripted expert for task 'insertion'; experts exist for: transfer_cube",
                "existing_out": f"--out {out} already exists and is not an empty folder",
-               "eval_seed": r"demonstration seeds must lie in [0, 1000000); got [1000000, 1000003]"}[case]
+               "eval_seed": r"demonstration seeds must lie in [0, 1000000); got [1000000, 1000003]",
+               "negative_noise": "--action-noise (-0.01) in [0, 1) radians"}[case]
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert sorted(os.listdir(tmp_path)) == (["out"] if case == "existing_out" else [])
