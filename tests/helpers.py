@@ -20,7 +20,8 @@ FAST = ["training.max_steps=6", "system.save_interval=3", "system.val_interval=1
 
 def torchrun(nproc, args, timeout=420, env=None, log_file=None, script=os.path.join(ROOT, "train", "train.py")):
     """`log_file`: stdout and stderr go to that file byte for byte, as a SLURM job's log (its text,
-    carriage returns kept, comes back as the result's stdout). `script`: what torchrun starts."""
+    carriage returns kept, comes back as the result's stdout). `script`: what torchrun starts.
+    `timeout`: seconds without output before the launch counts as hung (run_group)."""
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), script, *args]
     # PYTHONFAULTHANDLER: on a timeout run_group's SIGABRT makes every process print where it stands
@@ -48,24 +49,57 @@ class Hung(AssertionError):
 
 
 def run_group(cmd, timeout, capture_output=False, **popen):
-    """subprocess.run that, on a timeout or an interrupt, kills the command with every process it
-    started (torchrun starts each trainer in a session of its own, so a process group is not enough;
-    trainers left running hold the cores the next test needs)."""
-    if capture_output:
-        popen.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    with subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, **popen) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired as error:
-            stdout, stderr = stop_tree(proc)
-            if capture_output:
-                raise Hung(error, f"{stdout}\n{stderr}" if popen.get("text") else repr((stdout, stderr))) from None
-            raise
-        except BaseException:
-            kill(process_tree(proc.pid), signal.SIGKILL)
-            proc.communicate()
-            raise
+    """subprocess.run that kills the command with every process it started when it has printed nothing
+    for `timeout` seconds, or on an interrupt (torchrun starts each trainer in a session of its own, so
+    a process group is not enough; trainers left running hold the cores the next test needs).
+
+    The guard is on progress, not on time: a launch on a loaded machine goes on as long as it keeps
+    printing (the trainer logs its start-up and steps, the VAE fit every 50 steps), while a trainer
+    stuck in a collective falls silent. Output is watched through the files it goes to: temporary
+    files for `capture_output`, the file given as `stdout` otherwise."""
+    with contextlib.ExitStack() as stack:
+        if capture_output:
+            popen.update(stdout=stack.enter_context(tempfile.TemporaryFile()),
+                         stderr=stack.enter_context(tempfile.TemporaryFile()))
+        watched = [f for f in (popen.get("stdout"), popen.get("stderr")) if hasattr(f, "fileno")]
+        text = popen.pop("text", False)
+        with subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, **popen) as proc:
+            try:
+                wait_while_printing(proc, watched, timeout)
+            except subprocess.TimeoutExpired as error:
+                stop_tree(proc)
+                if capture_output:
+                    raise Hung(error, "\n".join(read_back(f, text) for f in watched)) from None
+                raise
+            except BaseException:
+                kill(process_tree(proc.pid), signal.SIGKILL)
+                proc.wait()
+                raise
+        stdout, stderr = (read_back(f, text) for f in watched) if capture_output else (None, None)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def wait_while_printing(proc, files, quiet):
+    """Wait for `proc`; subprocess.TimeoutExpired once `files` (its output) have not grown for `quiet`
+    seconds."""
+    size, last_growth = -1, time.monotonic()
+    while True:
+        try:
+            proc.wait(timeout=1)
+            return
+        except subprocess.TimeoutExpired:
+            now_size = sum(os.fstat(f.fileno()).st_size for f in files)
+            if now_size != size:
+                size, last_growth = now_size, time.monotonic()
+            elif time.monotonic() - last_growth > quiet:
+                raise subprocess.TimeoutExpired(proc.args, quiet) from None
+
+
+def read_back(f, text):
+    """What a command wrote to `f`; with `text`, decoded with universal newlines, as subprocess.run's text=True."""
+    f.seek(0)
+    data = f.read()
+    return data.decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n") if text else data
 
 
 def process_tree(pid):
@@ -95,7 +129,7 @@ def stop_tree(proc):
     kill(tree[1:] or tree, signal.SIGABRT)
     time.sleep(3)
     kill(tree, signal.SIGKILL)
-    return proc.communicate()
+    proc.wait()
 
 
 PREPARED = set()  # the configs whose generated inputs this test process has made

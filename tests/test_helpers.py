@@ -1,4 +1,5 @@
-"""The suite's own launcher: a command past its timeout is stopped whole and says where it stood."""
+"""The suite's own launcher: a command silent for longer than its timeout is stopped whole and says where it
+stood; one that keeps printing runs on past it."""
 import os
 import subprocess
 import sys
@@ -28,3 +29,15 @@ def test_a_hung_command_is_killed_with_its_stack_in_the_error(tmp_path, capture)
     pid = int(child_pid.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("capture", [True, False])
+def test_a_command_that_keeps_printing_runs_past_the_timeout(tmp_path, capture):
+    # 6 lines 0.5 s apart: 3 s in all against a guard of 2 s without output
+    ticker = "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.5)\n"
+    log = open(tmp_path / "log", "wb")
+    popen = dict(capture_output=True, text=True) if capture else dict(stdout=log, stderr=subprocess.STDOUT)
+    result = run_group([sys.executable, "-c", ticker], 2, **popen)
+    log.close()
+    output = result.stdout if capture else (tmp_path / "log").read_text()
+    assert result.returncode == 0 and output.split() == ["0", "1", "2", "3", "4", "5"]
