@@ -91,6 +91,16 @@ def run_demos(*args):
                           capture_output=True, text=True, timeout=600)
 
 
+def read_demos(tmp_path, out):
+    """The training set our reader makes of the folder `out`, unnormalised."""
+    cfg = config_from(tmp_path, {
+        "common": {"action_dim": 14, "state_dim": 14, "num_video_frames": 2, "video_height": H, "video_width": W,
+                   "global_downsample_rate": 8, "video_action_freq_ratio": 2},
+        "dataset": {"type": "lerobot", "dataset_dir": str(out), "val_fraction": 0.0, "normalization": "none"},
+        "training": {"batch_size": 2, "seed": 0}, "system": {"num_workers": 0}})
+    return build_datasets(cfg)[0]
+
+
 @pytest.fixture(scope="module")
 def demos(tmp_path_factory):
     out = tmp_path_factory.mktemp("demos") / "aloha"
@@ -109,12 +119,7 @@ def test_written_folder_loads_with_the_replayed_values_and_frames(demos, tmp_pat
     provenance = json.load(open(out / "meta" / "sim_demos.json"))
     assert provenance == {"task": "transfer_cube", "seeds": [3, 4], "image_size": [H, W], "tail": 4,
                           "expert_style": "default", "action_noise": 0.0, "noise_draws": None}
-    cfg = config_from(tmp_path, {
-        "common": {"action_dim": 14, "state_dim": 14, "num_video_frames": 2, "video_height": H, "video_width": W,
-                   "global_downsample_rate": 8, "video_action_freq_ratio": 2},
-        "dataset": {"type": "lerobot", "dataset_dir": str(out), "val_fraction": 0.0, "normalization": "none"},
-        "training": {"batch_size": 2, "seed": 0}, "system": {"num_workers": 0}})
-    train, _, _ = build_datasets(cfg)
+    train = read_demos(tmp_path, out)
     assert train.num_episodes() == 2 and train.image_keys == ["observation.images.top"]
     for i, seed in enumerate((3, 4)):
         actions = expert_trajectory("transfer_cube", seed)
@@ -162,12 +167,7 @@ def test_action_noise_records_the_expert_at_the_perturbed_states(tmp_path):
     provenance = json.load(open(out / "meta" / "sim_demos.json"))
     assert provenance["action_noise"] == 0.02 and provenance["seeds"] == [3]
     (draw,) = provenance["noise_draws"]
-    cfg = config_from(tmp_path, {
-        "common": {"action_dim": 14, "state_dim": 14, "num_video_frames": 2, "video_height": H, "video_width": W,
-                   "global_downsample_rate": 8, "video_action_freq_ratio": 2},
-        "dataset": {"type": "lerobot", "dataset_dir": str(out), "val_fraction": 0.0, "normalization": "none"},
-        "training": {"batch_size": 2, "seed": 0}, "system": {"num_workers": 0}})
-    train, _, _ = build_datasets(cfg)
+    train = read_demos(tmp_path, out)
     actions = expert_trajectory("transfer_cube", 3)
     executed = actions + arm_noise(3, draw, len(actions), 0.02)
     solved, states, _, _ = replay(3, executed)
