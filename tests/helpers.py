@@ -138,9 +138,9 @@ PREPARED = set()  # the configs whose generated inputs this test process has mad
 def prepare_generated(config, timeout=1800):
     """Make a recipe's generated inputs (the synthetic data, the tiny frozen parts with the VAE fitted
     to it), as a launch makes them at start-up, once per config and test process, before the launch's
-    own clock starts. On a loaded machine the VAE fit (a minute on 2 free cores), or waiting on its lock
-    while the other test worker fits it, can outlast a launch's timeout though nothing hangs: the hang
-    guard of a launch is then about its training, and this build has its own, longer one."""
+    own guard starts. Waiting on the fit's lock while the other test worker fits it (a minute on 2 free
+    cores, longer on a loaded machine) prints nothing and could outlast a launch's guard though nothing
+    hangs: the guard of a launch is then about its training, and this build has its own, longer one."""
     if config in PREPARED:
         return
     code = ("import sys; sys.path.insert(0, {root!r}); from recipe.config import load_config; "
