@@ -13,7 +13,7 @@ A rollout's report.json records each episode's rewards (`per_episode`); a run fo
 `checkpoint_step_N/eval/report.json` of each evaluated checkpoint. A demonstrations folder records
 none, so each of its episodes' actions is replayed from its seed (meta/sim_demos.json) in the
 simulator, unrendered (for a folder made with --action-noise, with the offset each episode was
-executed with: `data.sim_demos.arm_noise` of its seed and recorded draw). Printed, one row per report or folder: episodes, successes, those by a
+executed with: `data.sim_demos.executed_actions` of its seed and recorded draw). Printed, one row per report or folder: episodes, successes, those by a
 hand-over and by the left gripper alone, and the episodes in which the right gripper held the cube
 off the table (the hand-overs are those of them that succeeded). Written to OUT.
 
@@ -65,7 +65,7 @@ def demo_rewards(folder: str) -> list[list[float]]:
     first 4."""
     from data.errors import DataError
     from data.lerobot_format import LeRobotSource
-    from data.sim_demos import PROVENANCE, arm_noise
+    from data.sim_demos import PROVENANCE, executed_actions
     from data.sim_env import make_env
 
     with open(os.path.join(folder, "meta", PROVENANCE)) as f:
@@ -77,8 +77,8 @@ def demo_rewards(folder: str) -> list[list[float]]:
     episodes = LeRobotSource(folder, 0, None, "action").load(bad)
     env = make_env(provenance["task"], (16, 16))
     noise = provenance.get("action_noise") or 0.0  # absent in folders written before --action-noise
-    draws = provenance.get("noise_draws") or [0] * len(episodes)
-    return [rewards_of(env, seed, episode.action + (arm_noise(seed, draw, len(episode.action), noise) if noise else 0))
+    draws = provenance.get("noise_draws") or [-1] * len(episodes)  # None without noise
+    return [rewards_of(env, seed, executed_actions(episode.action, seed, noise, draw))
             for episode, seed, draw in zip(episodes, provenance["seeds"], draws)]
 
 

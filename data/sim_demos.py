@@ -95,12 +95,18 @@ def arm_noise(seed: int, draw: int, steps: int, std: float) -> np.ndarray:
     return offset
 
 
+def executed_actions(actions: np.ndarray, seed: int, std: float, draw: int) -> np.ndarray:
+    """`actions` as --action-noise `std` executed them in the scene of `seed` on its `draw`-th try:
+    plus `arm_noise`; unchanged when `std` is 0."""
+    return actions + arm_noise(seed, draw, len(actions), std) if std > 0 else actions
+
+
 def noisy_execution(env: SimEnv, seed: int, actions: np.ndarray, std: float,
                     handover_only: bool) -> Tuple[np.ndarray, int, int]:
     """The first of NOISE_DRAWS executions of `actions` plus `arm_noise` that solves the task (no
     rendering): (executed actions, solving step, draw), or (the last draw's, -1, -1) when none does."""
     for draw in range(NOISE_DRAWS):
-        executed = actions + arm_noise(seed, draw, len(actions), std)
+        executed = executed_actions(actions, seed, std, draw)
         solved = solved_step(rewards_of(env, seed, executed), handover_only)
         if solved >= 0:
             return executed, solved, draw

@@ -158,7 +158,7 @@ def test_arm_noise_is_a_slow_offset_of_the_given_spread_on_the_arms_only():
 
 def test_action_noise_records_the_expert_at_the_perturbed_states(tmp_path):
     from benchmarks.handover import demo_rewards
-    from data.sim_demos import arm_noise
+    from data.sim_demos import executed_actions
 
     out = tmp_path / "noisy"
     result = run_demos("--task", "transfer_cube", "--episodes", "1", "--out", str(out), "--seed", "3",
@@ -169,7 +169,7 @@ def test_action_noise_records_the_expert_at_the_perturbed_states(tmp_path):
     (draw,) = provenance["noise_draws"]
     train = read_demos(tmp_path, out)
     actions = expert_trajectory("transfer_cube", 3)
-    executed = actions + arm_noise(3, draw, len(actions), 0.02)
+    executed = executed_actions(actions, 3, 0.02, draw)
     solved, states, _, _ = replay(3, executed)
     _, clean_states, _, _ = replay(3, actions)
     ep = train.episodes[0]
