@@ -30,6 +30,7 @@ from data.stream import collate
 from utils.batch import DataBatch, ModelBatch
 
 logger = logging.getLogger(__name__)
+PROGRESS_SECONDS = 30.0  # one progress line this often: a stride-1 cache of 50 episodes is ~7600 windows
 ROW_TENSORS = ("video_latents", "vlm_features", "vlm_mask")  # per window; text is per instruction
 
 
@@ -138,6 +139,7 @@ def build_cache(cfg: DictConfig, out: str, encoders: Any, batch_size: int = 8, r
     os.makedirs(tmp)
     writer, texts, start = _ShardWriter(tmp, rows_per_shard), _Texts(), time.perf_counter()
     skipped: list = []
+    logged = start - PROGRESS_SECONDS  # the first batch is logged: the user sees the count at once
     for first in range(0, len(windows), batch_size):
         good, samples = [], []
         for window in windows[first:first + batch_size]:
@@ -154,7 +156,12 @@ def build_cache(cfg: DictConfig, out: str, encoders: Any, batch_size: int = 8, r
         with torch.no_grad():
             encoded = encoders.encode(batch)
         writer.add(_rows(batch, encoded, good, dataset, texts))
-        logger.info("build_cache: %d / %d windows", first + len(good), len(windows))
+        now, done = time.perf_counter(), first + len(good)
+        if now - logged >= PROGRESS_SECONDS or first + batch_size >= len(windows):
+            rate = done / max(now - start, 1e-9)
+            logger.info("build_cache: %d / %d windows, %.1f a second, %.0f s left", done, len(windows), rate,
+                        (len(windows) - done) / rate)
+            logged = now
     writer.close()
     texts.save(os.path.join(tmp, TEXT_FILE))
     meta = {"version": 1, "fingerprint": fingerprint(parts), "parts": parts, "shards": writer.shards,
