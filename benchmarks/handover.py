@@ -86,6 +86,11 @@ FAILURE_ENDS = ("never_touched", "touched", "lifted", "both_grippers")
 """How a failed episode ended, by its highest reward (0-3): gym-aloha's transfer_cube levels."""
 
 
+def failure_ends(failed: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many of the `failed` report episodes ended at each of FAILURE_ENDS."""
+    return {end: sum(int(e["max_reward"]) == level for e in failed) for level, end in enumerate(FAILURE_ENDS)}
+
+
 def expert_outcome(seed: int, task: str = "transfer_cube") -> str:
     """What the default scripted expert does on `seed`: one of OUTCOMES (from the rewards of the
     replay with which the expert checks its own trajectory)."""
@@ -98,9 +103,8 @@ def split_by_expert(name: str, per_episode: Sequence[dict[str, Any]], outcomes: 
     for outcome in OUTCOMES:
         group = [e for e in per_episode if outcomes[e["seed"]] == outcome]
         failed = [e for e in group if not e["success"]]
-        ends = {end: sum(int(e["max_reward"]) == level for e in failed) for level, end in enumerate(FAILURE_ENDS)}
         rows.append({"source": name, "expert": outcome, "episodes": len(group),
-                     "successes": len(group) - len(failed), **ends})
+                     "successes": len(group) - len(failed), **failure_ends(failed)})
     return rows
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.handover import FAILURE_ENDS, report_episodes  # noqa: E402
+from benchmarks.handover import FAILURE_ENDS, failure_ends, report_episodes  # noqa: E402
 from benchmarks.results import write_json  # noqa: E402
 from inference.rollout_report import wilson_interval  # noqa: E402
 
@@ -43,8 +43,8 @@ def mcnemar_exact(gained: int, lost: int) -> float:
 
 
 def outcome(successes: int, n: int, failed: list[dict[str, Any]]) -> dict[str, Any]:
-    ends = {end: sum(int(e["max_reward"]) == level for e in failed) for level, end in enumerate(FAILURE_ENDS)}
-    return {"successes": successes, "success_rate": successes / n, "wilson_95": wilson_interval(successes, n), **ends}
+    return {"successes": successes, "success_rate": successes / n, "wilson_95": wilson_interval(successes, n),
+            **failure_ends(failed)}
 
 
 def compare(base: list[dict[str, Any]], other: list[dict[str, Any]]) -> dict[str, Any]:
