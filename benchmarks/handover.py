@@ -77,7 +77,7 @@ def demo_rewards(folder: str) -> list[list[float]]:
     episodes = LeRobotSource(folder, 0, None, "action").load(bad)
     env = make_env(provenance["task"], (16, 16))
     noise = provenance.get("action_noise") or 0.0  # absent in folders written before --action-noise
-    draws = provenance.get("noise_draws") or [-1] * len(episodes)  # None without noise
+    draws = provenance.get("noise_draws") or [-1] * len(episodes)  # null without --action-noise: no draw (-1)
     return [rewards_of(env, seed, executed_actions(episode.action, seed, noise, draw))
             for episode, seed, draw in zip(episodes, provenance["seeds"], draws)]
 
