@@ -151,8 +151,9 @@ class SystemConfig:
     dist_timeout_minutes: int = 60
     """Process-group timeout: long enough for large checkpoint saves."""
     hang_timeout_minutes: Optional[float] = 30.0
-    """A rank whose step (with its validation and save) lasts this long prints every thread's stack and
-    exits with code 1 (train/watchdog.py); null: never. Raise it above a first step's compile time."""
+    """A rank whose step (with its validation and save) lasts this long writes every thread's stack to
+    `{run folder}/hang_stacks_rank_R.txt` and exits with code 1 (train/watchdog.py); null: never. Raise it
+    above a first step's compile time."""
     speed: SpeedConfig = field(default_factory=SpeedConfig)
 
 

@@ -29,6 +29,7 @@ from train.launch_checks import load_deepspeed_config
 from train.engine import poison_nonfinite
 from train.guard import NONFINITE_EXIT_CODE, SAVE_FAILED_EXIT_CODE, NonFiniteError, NonFiniteGuard
 from train.trainer_state import TrainerState
+from train.watchdog import stacks_path
 
 GOOD = {"weights_finite": True, "loss_finite": True}
 DIVERGED = {"weights_finite": True, "loss_finite": False}
@@ -419,17 +420,25 @@ def test_a_run_folder_rank0_cannot_write_stops_every_rank(tmp_path):
 @pytest.mark.distributed
 def test_a_hung_rank_exits_with_its_stack_and_the_run_resumes_from_its_last_save(tmp_path):
     """Rank 1 waits forever for step 3's batch while rank 0 waits for it in the step's all-reduce
-    (the group timeout, 60 minutes, would hold both): the watchdog prints where the rank hangs and
-    ends the run non-zero; the step-2 save resumes."""
+    (the group timeout, 60 minutes, would hold both): the watchdog writes where the rank hangs to
+    its own file (both ranks time out together: on one stream their dumps interleave) and ends the
+    run non-zero; the step-2 save resumes, and the stacks stay."""
     overrides = ["system.save_interval=2", "training.max_steps=6"]
     result = train(tmp_path, 2, "hang", overrides + ["system.hang_timeout_minutes=0.25"], deepspeed=None,
                    script=os.path.join(ROOT, "tests", "hang_launcher.py"), env={"HANG_STEP": "3"}, check=False)
     log = result.stdout + result.stderr
+    run = run_dir(tmp_path, "hang")
     assert result.returncode != 0 and "Training finished" not in log, log[-3000:]
-    assert "Timeout (0:00:15)!" in log and "in wait_for_a_batch_that_never_comes" in log, log[-3000:]
-    assert steps_of(ck.complete_checkpoints(run_dir(tmp_path, "hang"))) == [2]
-    train(tmp_path, 2, "hang", overrides + ["resume.checkpoint_path=auto"], deepspeed=None)
+    assert f"writes its stacks to {stacks_path(run, 'R')}" in log, log[-3000:]
+    stacks = open(stacks_path(run, 1)).read()
+    assert stacks.startswith("Timeout (0:00:15)!\n") and "in wait_for_a_batch_that_never_comes" in stacks, stacks
+    assert steps_of(ck.complete_checkpoints(run)) == [2]
+    result = train(tmp_path, 2, "hang", overrides + ["resume.checkpoint_path=auto"], deepspeed=None)
+    log = result.stdout + result.stderr
+    assert f"an earlier launch of this run hung: its stacks are in {stacks_path(run, 1)}" in log, log[-3000:]
     assert [r["step"] for r in metrics(tmp_path, "hang")][-4:] == [3, 4, 5, 6]
+    assert open(stacks_path(run, 1)).read() == stacks  # rank 0's file: its own dump, or removed when left empty
+    assert all(os.path.getsize(p) > 0 for p in glob.glob(stacks_path(run, "*"))), os.listdir(run)
 
 
 # DeepSpeed without ZeRO (stage 0, fp32) steps the client optimizer itself: the engine drops the

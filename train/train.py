@@ -297,7 +297,8 @@ def train(t: Training, preemption: PreemptionFlag) -> int:
     cfg = t.cfg
     t.engine.train()
     window, first_step = Window(), t.state.step
-    with Watchdog(cfg.system.hang_timeout_minutes) as watchdog:  # a rank that stops progressing exits
+    # a rank that stops progressing writes its stacks to its own file in the run folder and exits
+    with Watchdog(cfg.system.hang_timeout_minutes, t.run_dir, dist.rank()) as watchdog:
         while t.state.step < cfg.training.max_steps:
             step = t.state.step + 1
             out = train_step(t, step)
