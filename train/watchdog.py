@@ -31,6 +31,7 @@ def stacks_path(run_dir: str, rank: int | str) -> str:
 class Watchdog:
     def __init__(self, minutes: float | None, run_dir: str, rank: int) -> None:
         self.seconds = None if minutes is None else float(minutes) * 60
+        self.run_dir = run_dir
         self.path = stacks_path(run_dir, rank)
         self.file: TextIO | None = None
 
@@ -45,7 +46,7 @@ class Watchdog:
                 log.warning("an earlier launch of this run hung: its stacks are in %s", self.path)
             self.file = open(self.path, "a")
             log.info("a rank without progress for %g min writes its stacks to %s and exits with code 1",
-                     self.seconds / 60, stacks_path(os.path.dirname(self.path), "R"))
+                     self.seconds / 60, stacks_path(self.run_dir, "R"))
         self.progress()
         return self
 
