@@ -59,7 +59,10 @@ def act_curve(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 def recipe_curve(run_dir: str, cpu_s: float, shared: dict[str, Any]) -> list[dict[str, Any]]:
     """The run's evaluated saves, each at the CPU-minute its step falls on; every rollout checked
     against ACT's seeds, episode count and success rule."""
-    max_steps = int(OmegaConf.load(os.path.join(run_dir, CONFIG_YAML)).training.max_steps)
+    config = os.path.join(run_dir, CONFIG_YAML)
+    if not os.path.isfile(config):
+        raise SystemExit(f"act_vs_recipe: {config} does not exist: {run_dir} is not a run folder train.sh wrote")
+    max_steps = int(OmegaConf.load(config).training.max_steps)
     curve = []
     for folder in complete_checkpoints(run_dir):
         path = os.path.join(folder, "eval", "report.json")

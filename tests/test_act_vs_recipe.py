@@ -61,6 +61,11 @@ def test_a_rollout_on_other_seeds_is_refused(tmp_path):
     _, shared = act_curve(write_act(tmp_path / "act.json", [(10, 300, 2)]))
     with pytest.raises(SystemExit, match="rolled out on .*first_seed': 1000050.*not comparable"):
         recipe_curve(write_run(tmp_path / "run", [2], first_seed=1000050), 600, shared)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="empty/config.yaml does not exist"):
+        recipe_curve(str(tmp_path / "empty"), 600, shared)
+    with pytest.raises(SystemExit, match="no checkpoint of .*unrolled has the trainer's evaluation"):
+        recipe_curve(write_run(tmp_path / "unrolled", [2], unevaluated=(1000,)), 600, shared)
     mixed = write_act(tmp_path / "mixed.json", [(10, 300, 2)])
     record = json.loads(open(mixed).read())
     record["rows"].append({**record["rows"][0], "cpu_minutes": 20, "seeds": [1000050, 1000099]})
