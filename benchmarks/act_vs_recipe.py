@@ -28,8 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from omegaconf import OmegaConf  # noqa: E402
 
 from benchmarks.results import write_json  # noqa: E402
-from checkpoint.layout import PREFIX, complete_checkpoints  # noqa: E402
+from checkpoint.evaluations import read_report  # noqa: E402
 from checkpoint.files import CONFIG_YAML  # noqa: E402
+from checkpoint.layout import _step_of, complete_checkpoints  # noqa: E402
 from inference.rollout_report import wilson_interval  # noqa: E402
 
 
@@ -65,16 +66,17 @@ def recipe_curve(run_dir: str, cpu_s: float, shared: dict[str, Any]) -> list[dic
     max_steps = int(OmegaConf.load(config).training.max_steps)
     curve = []
     for folder in complete_checkpoints(run_dir):
-        path = os.path.join(folder, "eval", "report.json")
-        if not os.path.isfile(path):
+        report = read_report(folder)  # the trainer's reading: None when missing or unreadable (warned)
+        if report is None:
             continue
-        report = read_json(path)
         policy = report["results"]["policy"]
         got = {"first_seed": report["seeds"][0], "last_seed": report["seeds"][-1], "episodes": policy["episodes"],
                "success_rule": report["success_rule"]}
         if got != shared:
-            raise SystemExit(f"act_vs_recipe: {path} was rolled out on {got}, ACT on {shared}: not comparable")
-        step = int(os.path.basename(folder)[len(PREFIX):])
+            raise SystemExit(f"act_vs_recipe: {folder}'s evaluation was rolled out on {got}, ACT on {shared}: "
+                             "not comparable")
+        step = _step_of(folder)
+        assert step is not None  # complete_checkpoints lists only folders named for their step
         curve.append(point(policy["successes"], policy["episodes"], step=step,
                            cpu_minutes=cpu_s * step / max_steps / 60))
     if not curve:

@@ -31,7 +31,7 @@ def write_run(run, successes, max_steps=4000, first_seed=1000000, unevaluated=()
             continue
         (ckpt / "eval" / "report.json").write_text(json.dumps({
             "seeds": list(range(first_seed, first_seed + 50)), "success_rule": RULE,
-            "results": {"policy": {"successes": k, "episodes": 50}}}))
+            "results": {"policy": {"success_rate": k / 50, "successes": k, "episodes": 50}}}))
     (run / f"{PREFIX}9999").mkdir()  # a save a kill interrupted (no marker): never read
     return str(run)
 
