@@ -30,7 +30,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from benchmarks.results import write_json  # noqa: E402
 from checkpoint.evaluations import read_report  # noqa: E402
 from checkpoint.files import CONFIG_YAML  # noqa: E402
-from checkpoint.layout import _step_of, complete_checkpoints  # noqa: E402
+from checkpoint.layout import complete_checkpoints, step_of  # noqa: E402
 from inference.rollout_report import wilson_interval  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def recipe_curve(run_dir: str, cpu_s: float, shared: dict[str, Any]) -> list[dic
         if got != shared:
             raise SystemExit(f"act_vs_recipe: {folder}'s evaluation was rolled out on {got}, ACT on {shared}: "
                              "not comparable")
-        step = _step_of(folder)
+        step = step_of(folder)
         assert step is not None  # complete_checkpoints lists only folders named for their step
         curve.append(point(policy["successes"], policy["episodes"], step=step,
                            cpu_minutes=cpu_s * step / max_steps / 60))

@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from checkpoint.checkpointer import (PREFIX, _step_of, complete_checkpoints, is_complete, quick_check, saved_health,
+from checkpoint.checkpointer import (PREFIX, complete_checkpoints, is_complete, quick_check, saved_health, step_of,
                                     verify)
 from checkpoint.files import ENGINE_DIR
 from checkpoint.zero import CheckpointConvertError, describe
@@ -32,14 +32,14 @@ def _report(path: str) -> bool:
 
 
 def verify_command(path: str) -> int:
-    if _step_of(path) is not None:
+    if step_of(path) is not None:
         return 0 if _report(path) else 1
     # a folder such as checkpoint_step_3.old has no step: it sorts first, and is not reported
-    found = sorted(glob.glob(os.path.join(path, PREFIX + "*")), key=lambda p: _step_of(p) or 0)
+    found = sorted(glob.glob(os.path.join(path, PREFIX + "*")), key=lambda p: step_of(p) or 0)
     if not found:
         print(f"{path}: neither a {PREFIX}N folder nor a run folder holding one")
         return 1
-    ok = [_report(p) for p in found if _step_of(p) is not None]
+    ok = [_report(p) for p in found if step_of(p) is not None]
     usable = [p for p in complete_checkpoints(path) if not verify(p)]
     print(f"{sum(ok)} of {len(ok)} checkpoints are whole; the newest whole one: {usable[-1] if usable else 'none'}")
     return 0 if all(ok) else 1

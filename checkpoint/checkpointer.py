@@ -28,7 +28,7 @@ import torch
 from omegaconf import DictConfig
 
 from checkpoint import disk, evaluations
-from checkpoint.layout import MARKER, PREFIX, WHICH, _step_of, complete_checkpoints, is_complete
+from checkpoint.layout import MARKER, PREFIX, WHICH, complete_checkpoints, is_complete, step_of
 from checkpoint.manifest import (MANIFEST, CheckpointCorrupt, FileRecord, check_digests, check_format, check_sizes,
                                  digest_files, list_files, manifest_bytes, read_manifest, share)
 from checkpoint.state import PER_RANK_PATTERN, Registry
@@ -53,11 +53,11 @@ def read_marker(path: str) -> tuple[int | None, str]:
     where = os.path.join(path, MARKER)
     with open(where, errors="replace") as f:
         lines = f.read().split("\n")
-    if lines[0].strip() != str(_step_of(path)):
-        raise CheckpointCorrupt(f"{where}: says step {lines[0].strip()!r}, the folder is step {_step_of(path)}")
+    if lines[0].strip() != str(step_of(path)):
+        raise CheckpointCorrupt(f"{where}: says step {lines[0].strip()!r}, the folder is step {step_of(path)}")
     for line in lines[1:]:
         if line.startswith("manifest "):
-            return _step_of(path), line.split()[1]
+            return step_of(path), line.split()[1]
         if line.strip():
             raise CheckpointCorrupt(f"{where}: unexpected line {line.strip()[:40]!r} (the marker is damaged)")
     check_format(where, "none named")  # every format this code reads names its manifest here: this raises
@@ -171,7 +171,7 @@ def resolve_resume_path(path: str | None, run_dir: str | None, key: str = "resum
         return newest_verified(run_dir)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{key} '{path}' does not exist")
-    if _step_of(path) is None:
+    if step_of(path) is None:
         try:
             found = newest_verified(path)
         except CheckpointCorrupt as e:
@@ -198,7 +198,7 @@ def resolve_which(path: str, which: str, key: str) -> str:
         raise ValueError(f"--which {which!r}: expected one of {', '.join(WHICH)}")
     if which == "latest":
         return resolve_resume_path(path, None, key)
-    if _step_of(path) is not None:
+    if step_of(path) is not None:
         raise FileNotFoundError(f"--which best picks a checkpoint of a run folder, and {key} '{path}' is a "
                                 "checkpoint folder: pass its run folder, or leave out --which")
     best = evaluations.read_best(path)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from checkpoint import disk
-from checkpoint.layout import _step_of, complete_checkpoints
+from checkpoint.layout import complete_checkpoints, step_of
 
 EVAL_DIR = "eval"
 REPORT = "report.json"
@@ -182,7 +182,7 @@ def best_checkpoint(run_dir: str) -> str | None:
     for path in complete_checkpoints(run_dir):
         report = read_report(path)
         if report is not None:
-            scored.append((policy_success(report), _step_of(path), path))
+            scored.append((policy_success(report), step_of(path), path))
     return max(scored)[2] if scored else None
 
 

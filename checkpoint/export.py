@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from checkpoint.checkpointer import resolve_which
 from checkpoint.files import CONFIG_YAML
 from checkpoint.finetune import WEIGHT_SETS, FinetuneError, read_weights
-from checkpoint.layout import PREFIX, WHICH, _step_of
+from checkpoint.layout import PREFIX, WHICH, step_of
 from checkpoint.manifest import CheckpointCorrupt
 from models.folder import NORM_STATS, ExportError, check_out_dir, model_spec_from_config, parse_size
 from models.serialization import DEFAULT_SHARD_BYTES, ModelLoadError
@@ -77,9 +77,9 @@ def source_checkpoint(path: str, which: str | None) -> str:
     """The checkpoint_step_N folder to export: `path` itself when it is one (or holds a config.yaml) and no
     `which` is asked for (read as it is, as before run folders were accepted); else what `which` (default
     latest) picks from the run folder `path` (checkpoint.checkpointer.resolve_which), verified."""
-    if which is None and (_step_of(path) is not None or os.path.isfile(os.path.join(path, CONFIG_YAML))):
+    if which is None and (step_of(path) is not None or os.path.isfile(os.path.join(path, CONFIG_YAML))):
         return path
-    if _step_of(path) is None and not glob.glob(os.path.join(path, PREFIX + "*")):
+    if step_of(path) is None and not glob.glob(os.path.join(path, PREFIX + "*")):
         raise ExportError(f"'{path}' has no {CONFIG_YAML}: expected a {PREFIX}N folder written by train/train.py, "
                           "or a run folder holding them")
     try:

@@ -11,16 +11,17 @@ WHICH = ("latest", "best")
 damaged), or the one its `best` file names (checkpoint/evaluations.py)."""
 
 
-def _step_of(path: str) -> int | None:
+def step_of(path: str) -> int | None:
+    """N of a `checkpoint_step_N` folder; None for any other name."""
     m = re.fullmatch(PREFIX + r"(\d+)", os.path.basename(path.rstrip("/")))
     return int(m.group(1)) if m else None
 
 
 def is_complete(path: str) -> bool:
-    return _step_of(path) is not None and os.path.isfile(os.path.join(path, MARKER))
+    return step_of(path) is not None and os.path.isfile(os.path.join(path, MARKER))
 
 
 def complete_checkpoints(run_dir: str) -> list[str]:
     """Complete checkpoints of a run, oldest first."""
     found = [p for p in glob.glob(os.path.join(run_dir, PREFIX + "*")) if is_complete(p)]
-    return sorted(found, key=lambda p: _step_of(p) or 0)  # complete: every one has a step
+    return sorted(found, key=lambda p: step_of(p) or 0)  # complete: every one has a step

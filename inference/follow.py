@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from checkpoint import evaluations
 from checkpoint.files import CONFIG_YAML
-from checkpoint.layout import _step_of, complete_checkpoints, is_complete
+from checkpoint.layout import complete_checkpoints, is_complete, step_of
 from data.sim_env import TASKS
 from utils.child import bound_to_parent
 
@@ -104,7 +104,7 @@ def max_steps(cfg: DictConfig, run_dir: str) -> int:
 
 
 def is_due(checkpoint: str, ev: dict[str, Any], last_step: int) -> bool:
-    step = _step_of(checkpoint)
+    step = step_of(checkpoint)
     return step is not None and (not ev["interval"] or step % ev["interval"] == 0 or step == last_step)
 
 
@@ -233,7 +233,7 @@ def follow(args: argparse.Namespace) -> int:
             if checkpoint in pending(run_dir, ev, last_step, failed):  # still: retention or another evaluator
                 if evaluate(checkpoint, ev, run_dir) is False:
                     failed.add(checkpoint)
-        finished = any(_step_of(p) == last_step for p in complete_checkpoints(run_dir))
+        finished = any(step_of(p) == last_step for p in complete_checkpoints(run_dir))
         if args.once or (finished and not pending(run_dir, ev, last_step, failed)):
             break
         if not todo:

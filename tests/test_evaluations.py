@@ -49,7 +49,7 @@ def run_of(tmp_path, steps, limit=None):
 
 
 def steps_of(run):
-    return [ck._step_of(p) for p in ck.complete_checkpoints(str(run))]
+    return [ck.step_of(p) for p in ck.complete_checkpoints(str(run))]
 
 
 def best_file(run):

@@ -86,7 +86,7 @@ def flip(path, count=64):
 
 
 def steps_of(paths):
-    return [ck._step_of(p) for p in paths]
+    return [ck.step_of(p) for p in paths]
 
 
 # --- manifest and verification -------------------------------------------------------------------

@@ -75,7 +75,7 @@ def test_a_follower_stopped_halfway_and_restarted_evaluates_every_checkpoint_onc
     assert ev.read_best(str(run)) == first  # updated when step 1's report landed
     # the trainer saves its last checkpoint; a total_limit of 1 keeps it, the best (1) and the one evaluated (2)
     third = save(saver(run, limit=1), 3)
-    assert [ck._step_of(p) for p in ck.complete_checkpoints(str(run))] == [1, 2, 3]
+    assert [ck.step_of(p) for p in ck.complete_checkpoints(str(run))] == [1, 2, 3]
     follower.send_signal(signal.SIGTERM)
     code, out = finish(follower)
     assert code == 1 and "follow stopped: the running evaluation (if any) is stopped" in out, out

@@ -39,7 +39,7 @@ import psutil
 from omegaconf import DictConfig
 
 from checkpoint import evaluations
-from checkpoint.layout import _step_of, complete_checkpoints
+from checkpoint.layout import complete_checkpoints, step_of
 from utils.child import PREEMPTION_SIGNALS, bound_to_parent
 from utils.metrics import Metrics
 
@@ -323,7 +323,7 @@ class Evaluator:
         """Log each report and failure record in the run's checkpoints not logged yet, in step order."""
         new_report = False
         for checkpoint in complete_checkpoints(self.run_dir):
-            step = _step_of(checkpoint)
+            step = step_of(checkpoint)
             assert step is not None  # a complete checkpoint's name holds its step
             if (step, "report") not in self.logged and os.path.exists(evaluations.report_path(checkpoint)):
                 self.logged.add((step, "report"))
