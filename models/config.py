@@ -95,6 +95,9 @@ class TimeDistributionConfig:
     """Upper clamp of the noise level (after the shift)."""
     shift: float = 1.0
     """Timestep shift s' = shift * s / (1 + (shift - 1) * s); 1.0 leaves s unchanged (Motus: uniform, 5.0)."""
+    action_shift: float | None = None
+    """The action stream's own timestep shift in place of `shift` (null: `shift` for both streams); below 1
+    it moves the actions' mass toward clean, where the last Euler steps settle a grasp."""
     marginal_video_fraction: float = 0.0
     """Share of samples whose video is held at pure noise (s = 1) instead of a drawn level: the state in
     which the `policy` sampling mode reads the video, which the laws above almost never draw."""

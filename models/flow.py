@@ -38,16 +38,21 @@ def shift_noise_levels(s: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * s / (1 + (shift - 1) * s)
 
 
+def action_shift(td: TimeDistributionConfig) -> float:
+    """The action stream's timestep shift: `action_shift`, or the shared `shift` when it is null."""
+    return td.shift if td.action_shift is None else td.action_shift
+
+
 def sample_noise_levels(n: int, td: TimeDistributionConfig, device: torch.device | str | None = None,
-                        generator: torch.Generator | None = None) -> torch.Tensor:
+                        generator: torch.Generator | None = None, shift: float | None = None) -> torch.Tensor:
     """Draw n noise levels in [0, 1] from `model.time_distribution` (`td`): the law, then the
-    shift, then the [min_t, max_t] clamp."""
+    shift (`shift`, or `td.shift` when None), then the [min_t, max_t] clamp."""
     return _levels(td, lambda: torch.randn(n, device=device, generator=generator),
-                   lambda: torch.rand(n, device=device, generator=generator))
+                   lambda: torch.rand(n, device=device, generator=generator), td.shift if shift is None else shift)
 
 
 def _levels(td: TimeDistributionConfig, normal: Callable[[], torch.Tensor],
-            uniform: Callable[[], torch.Tensor]) -> torch.Tensor:
+            uniform: Callable[[], torch.Tensor], shift: float) -> torch.Tensor:
     """The noise-level law applied to standard draws: `normal()` ~ N(0, 1), `uniform()` ~ U[0, 1)."""
     if td.timestep_sample_method == "logit_normal":
         s = torch.sigmoid(td.sigmoid_scale * normal())
@@ -58,7 +63,7 @@ def _levels(td: TimeDistributionConfig, normal: Callable[[], torch.Tensor],
     else:
         raise ValueError(f"model.time_distribution.timestep_sample_method is "
                          f"'{td.timestep_sample_method}'; expected logit_normal or uniform")
-    return shift_noise_levels(s, td.shift).clamp(td.min_t, td.max_t)
+    return shift_noise_levels(s, shift).clamp(td.min_t, td.max_t)
 
 
 # ---- per-sample seeded noise: a counter-based generator in tensor ops --------------------------
@@ -122,7 +127,7 @@ def _draw_noise(x0: torch.Tensor, a0: torch.Tensor, td: TimeDistributionConfig, 
     """Noise levels and noise of both streams for a batch, from one generator (or the global RNG)."""
     batch = x0.shape[0]
     s_video = sample_noise_levels(batch, td, x0.device, generator)
-    s_action = sample_noise_levels(batch, td, x0.device, generator)
+    s_action = sample_noise_levels(batch, td, x0.device, generator, action_shift(td))
     eps_video = torch.randn(x0.shape, device=x0.device, generator=generator)
     eps_action = torch.randn(a0.shape, device=a0.device, generator=generator)
     if td.marginal_video_fraction > 0:  # drawn last, so that the draws above are those of a run without it
@@ -144,14 +149,14 @@ def _draw_noise_per_sample(x0: torch.Tensor, a0: torch.Tensor, td: TimeDistribut
     run) see the same noise."""
     seeds = seeds.to(x0.device, non_blocking=True)
 
-    def levels(stream: int) -> torch.Tensor:
+    def levels(stream: int, shift: float) -> torch.Tensor:
         return _levels(td, lambda: seeded_normal(seeds, stream, (1,))[:, 0],
-                       lambda: seeded_uniform(seeds, stream, (1,))[:, 0])
+                       lambda: seeded_uniform(seeds, stream, (1,))[:, 0], shift)
 
-    s_video = levels(VIDEO_LEVEL)
+    s_video = levels(VIDEO_LEVEL, td.shift)
     if td.marginal_video_fraction > 0:
         s_video = _hold_marginal(s_video, seeded_uniform(seeds, VIDEO_MARGINAL, (1,))[:, 0], td)
-    return (s_video, levels(ACTION_LEVEL), seeded_normal(seeds, VIDEO_NOISE, x0.shape[1:]),
+    return (s_video, levels(ACTION_LEVEL, action_shift(td)), seeded_normal(seeds, VIDEO_NOISE, x0.shape[1:]),
             seeded_normal(seeds, ACTION_NOISE, a0.shape[1:]))
 
 

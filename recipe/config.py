@@ -135,6 +135,8 @@ def _check_values(cfg: DictConfig, source: str) -> None:
         (0 <= td.min_t <= td.max_t <= 1, "model.time_distribution.min_t/max_t", [td.min_t, td.max_t],
          "0 <= min_t <= max_t <= 1"),
         (td.shift > 0, "model.time_distribution.shift", td.shift, "a positive number"),
+        (td.action_shift is None or td.action_shift > 0, "model.time_distribution.action_shift", td.action_shift,
+         "null (the shared shift) or a positive number"),
         (0 <= td.marginal_video_fraction <= 1, "model.time_distribution.marginal_video_fraction",
          td.marginal_video_fraction, "a number in [0, 1]"),
         (cfg.model.action_expert.position_scale > 0, "model.action_expert.position_scale",

@@ -132,6 +132,8 @@ def test_every_schema_key_is_read_by_code(tmp_path):
     ("training.warmup_steps=300", "'training.warmup_steps' is 300; expected smaller than training.cycle_length"),
     ("training.betas=[0.9,1.5]", "'training.betas' is [0.9, 1.5]; expected two numbers in [0, 1)"),
     ("model.time_distribution.max_t=1.5", "expected 0 <= min_t <= max_t <= 1"),
+    ("model.time_distribution.action_shift=0", "'model.time_distribution.action_shift' is 0.0; expected null (the "
+     "shared shift) or a positive number"),
     ("model.time_distribution.marginal_video_fraction=1.5",
      "'model.time_distribution.marginal_video_fraction' is 1.5; expected a number in [0, 1]"),
     ("model.tiny_vae_fit.videos=0", "'model.tiny_vae_fit' is {'frame_steps': 150, 'clip_steps': 120, 'videos': 0}; "

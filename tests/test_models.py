@@ -180,6 +180,25 @@ def test_marginal_video_fraction_trains_the_policy_modes_video_state(tiny, monke
     assert abs(float(held.double().mean()) - 0.25) < 0.03 and torch.equal(s_video[~held], s_plain[~held])
 
 
+def test_action_shift_moves_the_action_levels_alone(monkeypatch):
+    """action_shift replaces `shift` for the action stream on both noise paths: the same standard draws,
+    shifted by it; the video's levels and both streams' noise are those of a run without the key."""
+    from models.flow import _draw_noise, _draw_noise_per_sample
+    x0, a0, seeds = torch.zeros(4000, 1, 2, 1, 1), torch.zeros(4000, 3, 2), torch.arange(4000)
+    for shift in (1.0, 3.0):
+        plain = TimeDistributionConfig(shift=shift)
+        moved = TimeDistributionConfig(shift=shift, action_shift=0.5)
+        for draw in (lambda td: _draw_noise(x0, a0, td, torch.Generator().manual_seed(7)),
+                     lambda td: _draw_noise_per_sample(x0, a0, td, seeds)):
+            (v0, s0, ev0, ea0), (v1, s1, ev1, ea1) = draw(plain), draw(moved)
+            assert torch.equal(v0, v1) and torch.equal(ev0, ev1) and torch.equal(ea0, ea1)
+            unshifted = s0 / (shift - (shift - 1) * s0)  # shift's inverse
+            assert torch.allclose(s1, shift_noise_levels(unshifted, 0.5), atol=1e-6)
+            # toward clean: the median 0.5 of the logit-normal law moves to 0.5 * 0.5 / (1 - 0.5 * 0.5)
+            assert float(s1.median()) == pytest.approx(1 / 3, abs=0.02) and float(v1.median()) > 0.45
+            assert torch.equal(draw(TimeDistributionConfig(shift=shift, action_shift=shift))[1], s0)
+
+
 def test_inference_modes_respect_their_conditioning(tiny):
     model, _, inputs = tiny
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
