@@ -30,7 +30,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from benchmarks.results import write_json  # noqa: E402
 from checkpoint.evaluations import read_report  # noqa: E402
 from checkpoint.files import CONFIG_YAML  # noqa: E402
-from checkpoint.layout import complete_checkpoints, step_of  # noqa: E402
+from checkpoint.layout import saved_steps  # noqa: E402
 from inference.rollout_report import wilson_interval  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def recipe_curve(run_dir: str, cpu_s: float, shared: dict[str, Any]) -> list[dic
         raise SystemExit(f"act_vs_recipe: {config} does not exist: {run_dir} is not a run folder train.sh wrote")
     max_steps = int(OmegaConf.load(config).training.max_steps)
     curve = []
-    for folder in complete_checkpoints(run_dir):
+    for step, folder in saved_steps(run_dir):
         report = read_report(folder)  # the trainer's reading: None when missing or unreadable (warned)
         if report is None:
             continue
@@ -75,8 +75,6 @@ def recipe_curve(run_dir: str, cpu_s: float, shared: dict[str, Any]) -> list[dic
         if got != shared:
             raise SystemExit(f"act_vs_recipe: {folder}'s evaluation was rolled out on {got}, ACT on {shared}: "
                              "not comparable")
-        step = step_of(folder)
-        assert step is not None  # complete_checkpoints lists only folders named for their step
         curve.append(point(policy["successes"], policy["episodes"], step=step,
                            cpu_minutes=cpu_s * step / max_steps / 60))
     if not curve:

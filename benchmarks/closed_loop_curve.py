@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from checkpoint.layout import complete_checkpoints, step_of  # noqa: E402
+from checkpoint.layout import saved_steps  # noqa: E402
 from inference.rollout import main as rollout  # noqa: E402
 
 STAGES = (1, 2, 3, 4)  # gym-aloha transfer_cube rewards: 1 right gripper touches the cube, 2 lifts it, 3 left touches it, 4 left holds it up
@@ -26,7 +26,7 @@ STAGES = (1, 2, 3, 4)  # gym-aloha transfer_cube rewards: 1 right gripper touche
 
 def checkpoints(run, only):
     """{step: folder} of the run's complete checkpoints (a save still being written is left out)."""
-    found = {step_of(p): p for p in complete_checkpoints(run)}
+    found = dict(saved_steps(run))
     found = {step: p for step, p in found.items() if not only or step in only}
     if not found:
         raise SystemExit(f"closed_loop_curve: no complete checkpoint_step_N folder"

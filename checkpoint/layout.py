@@ -21,7 +21,12 @@ def is_complete(path: str) -> bool:
     return step_of(path) is not None and os.path.isfile(os.path.join(path, MARKER))
 
 
+def saved_steps(run_dir: str) -> list[tuple[int, str]]:
+    """(step, folder) of each complete checkpoint of a run, oldest first."""
+    found = [(step_of(p), p) for p in glob.glob(os.path.join(run_dir, PREFIX + "*")) if is_complete(p)]
+    return sorted((step, p) for step, p in found if step is not None)  # complete: every one has a step
+
+
 def complete_checkpoints(run_dir: str) -> list[str]:
     """Complete checkpoints of a run, oldest first."""
-    found = [p for p in glob.glob(os.path.join(run_dir, PREFIX + "*")) if is_complete(p)]
-    return sorted(found, key=lambda p: step_of(p) or 0)  # complete: every one has a step
+    return [p for _, p in saved_steps(run_dir)]

@@ -152,3 +152,16 @@ def test_resume_path_errors(tmp_path):
         resolve_resume_path(str(tmp_path / "checkpoint_step_3"), None)
     with pytest.raises(FileNotFoundError, match="holds no complete"):
         resolve_resume_path(str(tmp_path), None)
+
+
+def test_saved_steps_lists_complete_folders_in_step_order(tmp_path):
+    """Numeric order (4 before 30 before 100, which a sort by name breaks); a folder without the COMPLETE
+    marker or not named for a step is left out."""
+    from checkpoint.layout import MARKER, saved_steps
+    for name, complete in (("checkpoint_step_30", True), ("checkpoint_step_4", True), ("checkpoint_step_100", True),
+                           ("checkpoint_step_7", False), ("checkpoint_step_x", True)):
+        (tmp_path / name).mkdir()
+        if complete:
+            (tmp_path / name / MARKER).write_text("")
+    assert saved_steps(str(tmp_path)) == [(s, str(tmp_path / f"checkpoint_step_{s}")) for s in (4, 30, 100)]
+    assert complete_checkpoints(str(tmp_path)) == [p for _, p in saved_steps(str(tmp_path))]

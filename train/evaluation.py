@@ -39,7 +39,7 @@ import psutil
 from omegaconf import DictConfig
 
 from checkpoint import evaluations
-from checkpoint.layout import complete_checkpoints, step_of
+from checkpoint.layout import complete_checkpoints, saved_steps
 from utils.child import PREEMPTION_SIGNALS, bound_to_parent
 from utils.metrics import Metrics
 
@@ -322,9 +322,7 @@ class Evaluator:
     def _log_new_records(self) -> None:
         """Log each report and failure record in the run's checkpoints not logged yet, in step order."""
         new_report = False
-        for checkpoint in complete_checkpoints(self.run_dir):
-            step = step_of(checkpoint)
-            assert step is not None  # a complete checkpoint's name holds its step
+        for step, checkpoint in saved_steps(self.run_dir):
             if (step, "report") not in self.logged and os.path.exists(evaluations.report_path(checkpoint)):
                 self.logged.add((step, "report"))
                 new_report |= self._log_report(step, checkpoint)
