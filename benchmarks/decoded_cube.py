@@ -1,7 +1,7 @@
 """Does a VAE's latent place transfer_cube's cube? The decoded picture of held-out frames, measured.
 
     python benchmarks/decoded_cube.py --config configs/aloha_sim.yaml --vae assets/tiny_aloha/vae \
-        [--vae OTHER_VAE ...] [--windows 40] [--out benchmarks/results/decoded_cube.json]
+        [--vae OTHER_VAE ...] [--windows 40] [--out benchmarks/results/decoded_cube.json] [--require-shown 0.5]
 
 The policy reads the condition frame through the frozen VAE's latent, so a cube the latent blurs or
 shifts is a cube the action expert cannot reach precisely. This script reads windows of the recipe's
@@ -13,7 +13,10 @@ DECODED_RED in the decoded one (a decoded cube's colour is diluted by the blur).
 original shows the cube (>= MIN_CUBE pixels; a lifted or held cube is partly hidden): whether the
 decoded frame shows it (>= MIN_DECODED pixels) and the distance in pixels between the two centroids
 (the cube is 4 cm and about 7 pixels wide at 192x256). Printed: one row per VAE, with the PSNR over
-the whole clips; written to OUT.
+the whole clips; written to OUT. With --require-shown F it also exits non-zero, naming the VAE, when
+a decoded picture shows the cube in fewer than a share F of those frames: the recipe's check of a
+fitted VAE before the latent cache is built on it (a short fit can end where the VAE draws the
+background alone, and a policy trained on that latent never sees the cube).
 """
 import argparse
 import os
@@ -60,6 +63,13 @@ def compare(original: torch.Tensor, decoded: torch.Tensor) -> dict[str, float]:
             "psnr_db": float(10 * torch.log10(4 / mse))}
 
 
+def unseen_cube(rows: dict[str, dict[str, float]], required: float) -> list[str]:
+    """One line per VAE whose decoded pictures show the cube in fewer than `required` of the frames."""
+    return [f"{path}: the decoded picture shows the cube in {100 * r['shown']:.0f}% of the "
+            f"{r['frames_with_cube']} held-out frames that show it; --require-shown asks for {100 * required:.0f}%"
+            for path, r in rows.items() if r["shown"] < required]
+
+
 def held_out_clips(config: str, windows: int) -> torch.Tensor:
     """`windows` validation windows spread over the held-out episodes, [N, 3, T, H, W] (the VAE's layout)."""
     from data import build_datasets
@@ -87,6 +97,8 @@ def main() -> None:
     parser.add_argument("--vae", action="append", required=True, help="a diffusers AutoencoderKLWan folder (repeat)")
     parser.add_argument("--windows", type=int, default=40)
     parser.add_argument("--out", default="benchmarks/results/decoded_cube.json")
+    parser.add_argument("--require-shown", type=float, default=None, metavar="F",
+                        help="exit non-zero when a VAE shows the cube in fewer than this share of the frames")
     args = parser.parse_args()
     clips = held_out_clips(args.config, args.windows)
     rows = {path: compare(clips, decode(path, clips)) for path in args.vae}
@@ -97,6 +109,10 @@ def main() -> None:
         print(f"| {path} | {r['frames_with_cube']} | {100 * r['shown']:.0f}% | {r['error_px_median']:.2f} / "
               f"{r['error_px_mean']:.2f} / {r['error_px_p90']:.2f} | {r['psnr_db']:.1f} dB |")
     write_json(args.out, {"config": args.config, "windows": len(clips), "vaes": rows})
+    failed = unseen_cube(rows, args.require_shown) if args.require_shown is not None else []
+    if failed:
+        raise SystemExit("decoded_cube: " + "\n".join(failed) + "\nFit the VAE again, longer (TRAINING.md, "
+                         "\"A VAE fit that loses the cube\"), then build the latent cache on it.")
 
 
 if __name__ == "__main__":
