@@ -111,8 +111,8 @@ def main() -> None:
     write_json(args.out, {"config": args.config, "windows": len(clips), "vaes": rows})
     failed = unseen_cube(rows, args.require_shown) if args.require_shown is not None else []
     if failed:
-        raise SystemExit("decoded_cube: " + "\n".join(failed) + "\nFit the VAE again, longer (TRAINING.md, "
-                         "\"A VAE fit that loses the cube\"), then build the latent cache on it.")
+        raise SystemExit("decoded_cube: " + "\n".join(failed) + "\nFit the VAE again, longer, then build the latent "
+                         "cache on it (TRAINING.md, \"A short fit can lose the cube altogether\").")
 
 
 if __name__ == "__main__":
