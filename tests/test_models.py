@@ -180,7 +180,7 @@ def test_marginal_video_fraction_trains_the_policy_modes_video_state(tiny, monke
     assert abs(float(held.double().mean()) - 0.25) < 0.03 and torch.equal(s_video[~held], s_plain[~held])
 
 
-def test_action_shift_moves_the_action_levels_alone(monkeypatch):
+def test_action_shift_moves_the_action_levels_alone():
     """action_shift replaces `shift` for the action stream on both noise paths: the same standard draws,
     shifted by it; the video's levels and both streams' noise are those of a run without the key."""
     from models.flow import _draw_noise, _draw_noise_per_sample
