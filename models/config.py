@@ -125,11 +125,21 @@ class TinyVAEFitConfig:
     """Adam steps on whole clips (its temporal layers), after the frame steps."""
     videos: int = 64
     """Training windows the fit draws its frames and clips from."""
+    min_colour_shown: float = 0.0
+    """Share of the fitted frames showing a coloured object whose decoded frame must show one too; below
+    it the fit runs its frame and clip steps again (models/vae_fit.py). 0: no check."""
+    max_rounds: int = 1
+    """The most rounds of frame and clip steps the fit runs to reach min_colour_shown; short of it after
+    the last, building the tiny frozen parts fails."""
 
-    def record(self) -> dict[str, int] | None:
+    def record(self) -> dict[str, float] | None:
         """The fit as the tiny folder's stamp and a latent cache's fingerprint name it: None for the default,
-        so folders and caches built before this key existed stay valid."""
-        return None if self == TinyVAEFitConfig() else asdict(self)
+        and the check's keys only when set, so folders and caches built before these keys existed stay valid."""
+        if self == TinyVAEFitConfig():
+            return None
+        unchecked = self.min_colour_shown == 0 and self.max_rounds == 1
+        return {k: v for k, v in asdict(self).items()
+                if not (unchecked and k in ("min_colour_shown", "max_rounds"))}
 
 
 @dataclass

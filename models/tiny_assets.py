@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from models.config import TinyVAEFitConfig
 from models.serialization import ModelLoadError
 from models.sizes import TINY, TINY_VOCAB, ModelSize
+from models.vae_fit import CLIP_BATCH, fit_vae
 
 if TYPE_CHECKING:  # imported where used: reading a recipe does not load them
     from diffusers import AutoencoderKLWan
@@ -47,14 +48,6 @@ WORDS = ("pick up place put push pull move open close lift stack grasp release r
 PARTS = ("text_encoder", "vlm", "vae")
 STAMP = "tiny_size.json"
 VAE_FIT = "weighted_mse_frames_then_clips_v2"  # in the stamp, with fit.record(): a folder fitted otherwise is rebuilt
-# the fit: single frames first (a fifth of a clip's cost: they train the spatial layers), then whole
-# clips (the temporal layers); how many steps of each is model.tiny_vae_fit (see fit_vae)
-FRAME_BATCH, CLIP_BATCH, FIT_LR = 16, 8, 1e-3
-COLOUR_WEIGHT = 20.0
-FIT_LOG_EVERY = 50  # steps between progress lines
-# larger frames are fitted on random crops of this size: the VAE is convolutional, so a crop teaches it
-# the same objects at the same scale, and the fit's cost stays that of a 96x128 frame
-FIT_CROP = (96, 128)
 
 
 def build_tokenizer(texts: Iterable[str] = ()) -> "PreTrainedTokenizerFast":
@@ -125,50 +118,6 @@ def build_vae(size: ModelSize = TINY, seed: int = 2, videos: torch.Tensor | None
     vae.register_to_config(latents_mean=[round(float(x), 6) for x in mean],
                            latents_std=[round(float(x), 6) for x in std])
     return vae
-
-
-def fit_vae(vae: "AutoencoderKLWan", x: torch.Tensor, gen: torch.Generator,
-            fit: TinyVAEFitConfig = TinyVAEFitConfig()) -> "AutoencoderKLWan":
-    """A short autoencoder fit of `vae` to videos x [N, 3, T, H, W]: Adam on the reconstruction of the
-    posterior mean (what FrozenEncoders encodes), fit.frame_steps on single frames then fit.clip_steps
-    on whole clips, on random FIT_CROP windows of larger frames. Each pixel's squared error is weighted
-    by 1 + its colour saturation x COLOUR_WEIGHT: robot scenes are mostly flat background, and
-    unweighted a small VAE learns the background alone, so the objects (the synthetic squares, the
-    simulator's red cube) vanish from every decoded picture. (lr 1e-3: 5e-3 and above stall at that
-    background-only plateau.)"""
-    import time
-
-    start, cpu = time.perf_counter(), time.process_time()
-    frames = x.transpose(1, 2).reshape(-1, x.shape[1], 1, *x.shape[3:])  # every frame as a 1-frame clip
-    opt = torch.optim.Adam(vae.parameters(), lr=FIT_LR)
-    vae.train()
-    for stage, data, steps, batch in (("frame", frames, fit.frame_steps, FRAME_BATCH),
-                                      ("clip", x, fit.clip_steps, CLIP_BATCH)):
-        for i in range(steps):
-            b = random_crops(data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)], gen)
-            weight = 1 + COLOUR_WEIGHT * (b.max(dim=1, keepdim=True).values - b.min(dim=1, keepdim=True).values)
-            rec = vae.decode(vae.encode(b).latent_dist.mean).sample
-            loss = ((rec - b).pow(2) * weight).mean() / weight.mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if (i + 1) % FIT_LOG_EVERY == 0:  # a long fit (minutes to an hour on a CPU) shows it moves
-                log.info("tiny VAE fit: %s step %d/%d, weighted MSE %.4f", stage, i + 1, steps, loss.item())
-    vae.eval().requires_grad_(False)
-    log.info("fitted the tiny VAE to %d videos: %d frame + %d clip steps, final weighted MSE %.4f, %.1f s "
-             "(%.1f CPU s)", len(x), fit.frame_steps, fit.clip_steps, loss.item(), time.perf_counter() - start,
-             time.process_time() - cpu)
-    return vae
-
-
-def random_crops(x: torch.Tensor, gen: torch.Generator, size: tuple[int, int] = FIT_CROP) -> torch.Tensor:
-    """A random FIT_CROP window of each video of x [N, 3, T, H, W] (x itself when it is no larger)."""
-    h, w = min(size[0], x.shape[-2]), min(size[1], x.shape[-1])
-    if (h, w) == tuple(x.shape[-2:]):
-        return x
-    ys = torch.randint(0, x.shape[-2] - h + 1, (len(x),), generator=gen).tolist()
-    xs = torch.randint(0, x.shape[-1] - w + 1, (len(x),), generator=gen).tolist()
-    return torch.stack([v[..., y:y + h, x0:x0 + w] for v, y, x0 in zip(x, ys, xs)])
 
 
 def training_videos(dataset: "WindowSource[Any]", count: int = TinyVAEFitConfig.videos,

@@ -145,6 +145,10 @@ def _check_values(cfg: DictConfig, source: str) -> None:
         (min(cfg.model.tiny_vae_fit.frame_steps, cfg.model.tiny_vae_fit.clip_steps) >= 0
          and cfg.model.tiny_vae_fit.videos >= 1, "model.tiny_vae_fit", dict(cfg.model.tiny_vae_fit),
          "steps >= 0 and videos >= 1"),
+        (0 <= cfg.model.tiny_vae_fit.min_colour_shown <= 1 and cfg.model.tiny_vae_fit.max_rounds >= 1,
+         "model.tiny_vae_fit.min_colour_shown/max_rounds",
+         [cfg.model.tiny_vae_fit.min_colour_shown, cfg.model.tiny_vae_fit.max_rounds],
+         "a share in [0, 1] and at least 1 round"),
         (min(cfg.model.loss_weights.values()) >= 0 and sum(cfg.model.loss_weights.values()) > 0,
          "model.loss_weights", dict(cfg.model.loss_weights), "weights >= 0, not all zero"),
         (0 <= cfg.dataset.val_fraction < 1, "dataset.val_fraction", cfg.dataset.val_fraction, "a number in [0, 1)"),

@@ -136,8 +136,10 @@ def test_every_schema_key_is_read_by_code(tmp_path):
      "shared shift) or a positive number"),
     ("model.time_distribution.marginal_video_fraction=1.5",
      "'model.time_distribution.marginal_video_fraction' is 1.5; expected a number in [0, 1]"),
-    ("model.tiny_vae_fit.videos=0", "'model.tiny_vae_fit' is {'frame_steps': 150, 'clip_steps': 120, 'videos': 0}; "
-     "expected steps >= 0 and videos >= 1"),
+    ("model.tiny_vae_fit.videos=0", "'model.tiny_vae_fit' is {'frame_steps': 150, 'clip_steps': 120, 'videos': 0, "
+     "'min_colour_shown': 0.0, 'max_rounds': 1}; expected steps >= 0 and videos >= 1"),
+    ("model.tiny_vae_fit.min_colour_shown=1.5", "'model.tiny_vae_fit.min_colour_shown/max_rounds' is [1.5, 1]; "
+     "expected a share in [0, 1] and at least 1 round"),
     ("dataset.weights=[1,2]", "'dataset.weights' is [1.0, 2.0]; expected one non-negative number per dataset_dir"),
     ("system.total_limit=0", "expected null (keep all) or a positive integer"),
     ("system.hang_timeout_minutes=0", "'system.hang_timeout_minutes' is 0.0; expected null (never) or a positive number"),

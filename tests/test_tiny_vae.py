@@ -72,24 +72,6 @@ def test_latent_statistics_are_measured_on_the_videos(built):
     assert np.abs(normalised.std(dim=(0, 2, 3, 4)).numpy() - 1).max() < 0.5
 
 
-def test_frames_larger_than_the_fit_crop_are_fitted_on_exact_random_windows():
-    from models.tiny_assets import FIT_CROP, random_crops
-
-    gen = torch.Generator().manual_seed(0)
-    h, w = FIT_CROP
-    x = torch.arange(3 * 3 * 2 * (h + 40) * (w + 8), dtype=torch.float32).view(3, 3, 2, h + 40, w + 8)
-    crops = random_crops(x, gen)
-    assert crops.shape == (3, 3, 2, h, w)
-    offsets = set()
-    for video, crop in zip(x, crops):
-        y0, x0 = divmod(int(crop[0, 0, 0, 0] - video[0, 0, 0, 0]), w + 8)  # the window's top-left pixel
-        assert torch.equal(crop, video[..., y0:y0 + h, x0:x0 + w])
-        offsets.add((y0, x0))
-    assert len(offsets) > 1  # each video its own window
-    small = torch.zeros(2, 3, 1, h, w - 8)
-    assert random_crops(small, gen) is small
-
-
 def test_a_folder_fitted_for_other_steps_is_refitted_and_one_fitted_alike_is_kept(tmp_path):
     """model.tiny_vae_fit is in the folder's stamp: a recipe that fits its VAE longer or shorter gets its own
     fit, never a folder fitted for another recipe's steps."""
@@ -114,19 +96,3 @@ def test_a_folder_fitted_for_other_steps_is_refitted_and_one_fitted_alike_is_kep
     build_tiny_assets(str(folder), videos=videos, fit=TinyVAEFitConfig(frame_steps=2, clip_steps=1, videos=2))
     assert len(fits) == 2 and weights.read_bytes() != first
     assert json.loads((folder / STAMP).read_text())["fit"] == {"frame_steps": 2, "clip_steps": 1, "videos": 2}
-
-
-def test_a_long_fit_logs_its_progress(monkeypatch, caplog):
-    """Every FIT_LOG_EVERY steps of each stage a line says where the fit is (a 4x fit runs an hour on 2 cores)."""
-    import logging
-
-    from models import tiny_assets
-    from models.config import TinyVAEFitConfig
-
-    monkeypatch.setattr(tiny_assets, "FIT_LOG_EVERY", 2)
-    clips = torch.rand(2, 5, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
-    with caplog.at_level(logging.INFO, logger=tiny_assets.log.name):
-        tiny_assets.build_vae(videos=clips, fit=TinyVAEFitConfig(frame_steps=4, clip_steps=3, videos=2))
-    steps = [m for m in caplog.messages if m.startswith("tiny VAE fit:")]
-    assert [m.split(", ")[0] for m in steps] == ["tiny VAE fit: frame step 2/4", "tiny VAE fit: frame step 4/4",
-                                                 "tiny VAE fit: clip step 2/3"]
