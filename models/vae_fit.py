@@ -98,8 +98,8 @@ def _fit_round(vae: "AutoencoderKLWan", opt: torch.optim.Optimizer, frames: torc
 
 
 def saturation(x: torch.Tensor) -> torch.Tensor:
-    """[N, 3, ...] in [-1, 1] -> [N, ...]: each pixel's largest minus smallest channel, in [-1, 1] units
-    (twice the [0, 1] saturation; 0 for greys, black and white)."""
+    """[N, 3, ...] in [-1, 1] -> [N, ...]: each pixel's largest minus smallest channel, from 0 (greys,
+    black and white) to 2: twice the saturation of the [0, 1] picture, which COLOURED is stated in."""
     return x.max(dim=1).values - x.min(dim=1).values
 
 
