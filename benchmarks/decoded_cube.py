@@ -83,12 +83,12 @@ def held_out_clips(config: str, windows: int) -> torch.Tensor:
     return torch.stack([val_set.load(w)["video"] for w in picked]).permute(0, 2, 1, 3, 4)
 
 
-def decode(vae_path: str, clips: torch.Tensor, batch: int = 8) -> torch.Tensor:
+def decode(vae_path: str, clips: torch.Tensor) -> torch.Tensor:
     from diffusers import AutoencoderKLWan
 
-    vae = AutoencoderKLWan.from_pretrained(vae_path).eval()
-    with torch.no_grad():
-        return torch.cat([vae.decode(vae.encode(c).latent_dist.mean).sample for c in clips.split(batch)])
+    from models.vae_fit import reconstruct
+
+    return reconstruct(AutoencoderKLWan.from_pretrained(vae_path), clips)
 
 
 def main() -> None:

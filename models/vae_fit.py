@@ -106,12 +106,18 @@ def saturation(x: torch.Tensor) -> torch.Tensor:
 def colour_shown(vae: "AutoencoderKLWan", x: torch.Tensor) -> float:
     """The share of the frames of x [N, 3, T, H, W] in [-1, 1] that show a coloured object whose decoded
     frame (the posterior mean, as the latent cache encodes) shows one too; 1.0 when none shows one."""
-    vae.eval()
-    with torch.no_grad():
-        decoded = torch.cat([vae.decode(vae.encode(c).latent_dist.mean).sample for c in x.split(CLIP_BATCH)])
+    decoded = reconstruct(vae, x)
     original = (saturation(x.clamp(-1, 1)) / 2 > COLOURED).sum(dim=(-1, -2)) >= MIN_COLOURED
     kept = (saturation(decoded.clamp(-1, 1)) / 2 > DECODED_COLOURED).sum(dim=(-1, -2)) >= MIN_DECODED
     return float((original & kept).sum() / original.sum()) if original.any() else 1.0
+
+
+def reconstruct(vae: "AutoencoderKLWan", x: torch.Tensor) -> torch.Tensor:
+    """Videos x [N, 3, T, H, W] encoded to their posterior mean (what the latent cache holds) and decoded,
+    CLIP_BATCH clips at a time, in eval mode and without gradients."""
+    vae.eval()
+    with torch.no_grad():
+        return torch.cat([vae.decode(vae.encode(c).latent_dist.mean).sample for c in x.split(CLIP_BATCH)])
 
 
 def random_crops(x: torch.Tensor, gen: torch.Generator, size: tuple[int, int] = FIT_CROP) -> torch.Tensor:
