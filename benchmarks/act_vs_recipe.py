@@ -1,17 +1,19 @@
 """LeRobot's ACT and the recipe at equal training CPU: the two success curves side by side.
 
     python benchmarks/act_vs_recipe.py --act benchmarks/results/act_reference.json \
-        --recipe runs/aloha_sim/RUN=CPU_S [--recipe RUN2=CPU_S ...] [--out benchmarks/results/act_vs_recipe.json]
+        --recipe runs/aloha_sim/RUN [--recipe RUN2=CPU_S ...] [--out benchmarks/results/act_vs_recipe.json]
 
 ACT's curve is `act_reference.py run`'s JSON: a checkpoint saved at each CPU-minute mark of its
 training, rolled out on the evaluation seeds. The recipe's is a run folder: the trainer's own
 rollout of every save (`checkpoint_step_N/eval/report.json`), which must be on the same seeds
-with the same success rule (checked), placed on the CPU clock by CPU_S, the run's CPU seconds
-(user + system of `train.sh`, e.g. bash's `time`), spread evenly over its `training.max_steps`.
-CPU_S counts the trainer's evaluations too, which ACT's clock does not (it counts training
-alone), so the recipe's saves are placed no earlier than they were reached: at each of ACT's marks
-the recipe's row is its latest save at or under that many CPU-minutes, and a mark past a run's
-end takes its last save (the run had stopped).
+with the same success rule (checked), placed on the CPU clock by the trainer's own: each save's
+`trainer_state.json` holds training's CPU seconds up to its step, every rank and its data-loader
+workers, the rollouts beside it not counted (train/cpu_clock.py), as ACT's clock counts training
+alone. A run saved before the trainer had that clock is given as RUN=CPU_S, the run's CPU seconds
+(user + system of `train.sh`, e.g. bash's `time`) spread evenly over its `training.max_steps`: CPU_S
+counts the evaluations too, so its saves are placed no earlier than they were reached. At each of
+ACT's marks the recipe's row is its latest save at or under that many CPU-minutes, and a mark past a
+run's end takes its last save (the run had stopped).
 
 Prints one table (a row per mark: ACT's success, then each run's save and success, with its
 95% Wilson interval and how it stands against ACT's: ahead, level or behind in successes, "apart"
@@ -57,9 +59,21 @@ def act_curve(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
              "success_rule": record["success_rule"]})
 
 
-def recipe_curve(run_dir: str, cpu_s: float, shared: dict[str, Any]) -> list[dict[str, Any]]:
-    """The run's evaluated saves, each at the CPU-minute its step falls on; every rollout checked
-    against ACT's seeds, episode count and success rule."""
+def trainer_cpu_seconds(folder: str) -> float:
+    """Training's CPU seconds up to this save, as the trainer counted them (trainer_state.json)."""
+    state = read_json(os.path.join(folder, "trainer_state.json"))
+    if "cpu_seconds" not in state or state.get("cpu_seconds_since_step", 0) != 0:
+        since = state.get("cpu_seconds_since_step")
+        raise SystemExit(f"act_vs_recipe: {folder}: " + (
+            "saved before the trainer counted its CPU time" if since is None else
+            f"the trainer's CPU time counts from step {since} (resumed from a save before the clock)") +
+            "; give the run as RUN=CPU_S (its CPU seconds from bash's `time` around train.sh)")
+    return float(state["cpu_seconds"])
+
+
+def recipe_curve(run_dir: str, cpu_s: float | None, shared: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's evaluated saves, each at its CPU-minute (the trainer's clock, or `cpu_s` spread evenly
+    over the steps); every rollout checked against ACT's seeds, episode count and success rule."""
     config = os.path.join(run_dir, CONFIG_YAML)
     if not os.path.isfile(config):
         raise SystemExit(f"act_vs_recipe: {config} does not exist: {run_dir} is not a run folder train.sh wrote")
@@ -75,8 +89,8 @@ def recipe_curve(run_dir: str, cpu_s: float, shared: dict[str, Any]) -> list[dic
         if got != shared:
             raise SystemExit(f"act_vs_recipe: {folder}'s evaluation was rolled out on {got}, ACT on {shared}: "
                              "not comparable")
-        curve.append(point(policy["successes"], policy["episodes"], step=step,
-                           cpu_minutes=cpu_s * step / max_steps / 60))
+        seconds = trainer_cpu_seconds(folder) if cpu_s is None else cpu_s * step / max_steps
+        curve.append(point(policy["successes"], policy["episodes"], step=step, cpu_minutes=seconds / 60))
     if not curve:
         raise SystemExit(f"act_vs_recipe: no checkpoint of {run_dir} has the trainer's evaluation (eval/report.json)")
     return curve
@@ -128,14 +142,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def parse_recipe(given: str) -> tuple[str, float]:
+def parse_recipe(given: str) -> tuple[str, float | None]:
+    """RUN_DIR -> (RUN_DIR, None): the trainer's clock; RUN_DIR=CPU_SECONDS -> (RUN_DIR, seconds)."""
+    if os.path.isdir(given):
+        return given, None
     run_dir, sep, cpu = given.rpartition("=")
     try:
         cpu_s = float(cpu)
     except ValueError:
         cpu_s = -1.0
     if not sep or cpu_s <= 0:
-        raise SystemExit(f"act_vs_recipe: --recipe {given!r}: expected RUN_DIR=CPU_SECONDS (a positive number)")
+        raise SystemExit(f"act_vs_recipe: --recipe {given!r}: expected a run folder, or RUN_DIR=CPU_SECONDS "
+                         "(a positive number)")
     if not os.path.isdir(run_dir):
         raise SystemExit(f"act_vs_recipe: --recipe {given!r}: {run_dir} is not a run folder")
     return run_dir, cpu_s
@@ -144,7 +162,8 @@ def parse_recipe(given: str) -> tuple[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--act", required=True, help="act_reference.py run's JSON (OUT.json)")
-    p.add_argument("--recipe", action="append", required=True, help="RUN_DIR=CPU_SECONDS, once per run")
+    p.add_argument("--recipe", action="append", required=True,
+                   help="RUN_DIR (its saves' own CPU clock) or RUN_DIR=CPU_SECONDS, once per run")
     p.add_argument("--out", default="benchmarks/results/act_vs_recipe.json")
     args = p.parse_args()
     act, shared = act_curve(args.act)

@@ -250,10 +250,15 @@ class Checkpointer:
         self.parts = parts if parts is not None else Registry()
         self.health = health
 
+    def due(self, step: int, last: bool, preempted: bool) -> bool:
+        """A save is due after update `step`: a multiple of system.save_interval, the last one, or the
+        run was preempted."""
+        return step % self.cfg.system.save_interval == 0 or last or preempted
+
     def maybe_save(self, step: int, last: bool, preempted: bool) -> str | None:
-        """Collective. Save the registered parts after update `step` when it is due (a multiple of
-        system.save_interval), the last one, or the run was preempted; the saved folder, else None."""
-        if not (step % self.cfg.system.save_interval == 0 or last or preempted):
+        """Collective. Save the registered parts after update `step` when it is `due`; the saved
+        folder, else None."""
+        if not self.due(step, last, preempted):
             return None
         assert self.health is not None, "maybe_save needs the health callable given at construction"
         path = self.save(step, self.parts, self.health(step))

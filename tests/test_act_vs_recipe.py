@@ -19,14 +19,17 @@ def write_act(path, points, seeds=(1000000, 1000049)):
     return str(path)
 
 
-def write_run(run, successes, max_steps=4000, first_seed=1000000, unevaluated=()):
-    """A run folder: config.yaml and a complete checkpoint every 1000 steps with the trainer's rollout."""
+def write_run(run, successes, max_steps=4000, first_seed=1000000, unevaluated=(), trainer_states=None):
+    """A run folder: config.yaml and a complete checkpoint every 1000 steps with the trainer's rollout
+    (and `trainer_states[i]` as the i-th save's trainer_state.json, when given)."""
     run.mkdir()
     (run / "config.yaml").write_text(f"training:\n  max_steps: {max_steps}\n")
     for i, k in enumerate(successes):
         ckpt = run / f"{PREFIX}{1000 * (i + 1)}"
         (ckpt / "eval").mkdir(parents=True)
         (ckpt / MARKER).write_text("")
+        if trainer_states is not None:
+            (ckpt / "trainer_state.json").write_text(json.dumps(trainer_states[i]))
         if 1000 * (i + 1) in unevaluated:
             continue
         (ckpt / "eval" / "report.json").write_text(json.dumps({
@@ -57,6 +60,22 @@ def test_each_mark_takes_the_latest_save_under_it(tmp_path):
     assert behind[0]["recipe"]["run"]["standing"] == "behind"  # 0 against 2, the intervals overlap
 
 
+def test_the_trainer_s_clock_places_each_save(tmp_path):
+    """Without CPU_S each save sits at the CPU seconds its trainer_state.json holds (uneven: the trainer
+    counts what each stretch cost); a save counted from a resume, or from before the clock, is refused."""
+    _, shared = act_curve(write_act(tmp_path / "act.json", [(10, 300, 2)]))
+    states = [{"step": 1000 * (i + 1), "cpu_seconds": s, "cpu_seconds_since_step": 0} for i, s in
+              enumerate([660.0, 1200.0, 1950.0])]
+    curve = recipe_curve(write_run(tmp_path / "run", [2, 15, 30], trainer_states=states), None, shared)
+    assert [(p["step"], p["cpu_minutes"]) for p in curve] == [(1000, 11), (2000, 20), (3000, 32.5)]
+    late = [*states[:2], {**states[2], "cpu_seconds_since_step": 2500}]
+    with pytest.raises(SystemExit, match="checkpoint_step_3000: the trainer's CPU time counts from step 2500"):
+        recipe_curve(write_run(tmp_path / "resumed", [2, 15, 30], trainer_states=late), None, shared)
+    old = [*states[:1], {"step": 2000, "samples_seen": 0, "skipped_nonfinite_steps": 0}]
+    with pytest.raises(SystemExit, match="checkpoint_step_2000: saved before the trainer counted its CPU time"):
+        recipe_curve(write_run(tmp_path / "old", [2, 15], trainer_states=old), None, shared)
+
+
 def test_a_rollout_on_other_seeds_is_refused(tmp_path):
     _, shared = act_curve(write_act(tmp_path / "act.json", [(10, 300, 2)]))
     with pytest.raises(SystemExit, match="rolled out on .*first_seed': 1000050.*not comparable"):
@@ -84,7 +103,8 @@ def test_the_command_prints_the_table_and_refuses_a_bad_recipe(tmp_path):
     assert "| 20 | 600 | 1/50 (0.4-10.5%) | 2000, 15/50 (19.1-43.8%), ahead, apart |" in result.stdout
     written = json.loads(out.read_text())
     assert [p["cpu_minutes"] for p in written["recipe"]["run_a"]] == [10, 20]
-    for bad, says in ((run, "expected RUN_DIR=CPU_SECONDS"), (f"{run}=-5", "expected RUN_DIR=CPU_SECONDS"),
+    for bad, says in ((run, "checkpoint_step_1000/trainer_state.json does not exist"),
+                      (f"{run}=-5", "expected a run folder, or RUN_DIR=CPU_SECONDS"),
                       (f"{tmp_path / 'nope'}=100", "is not a run folder")):
         refused = subprocess.run([sys.executable, "benchmarks/act_vs_recipe.py", "--act", act, "--recipe", bad],
                                  cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -7,6 +7,7 @@ rejects, with NCCL's own message, a tensor that is not on this rank's `cuda:LOCA
 The trainer's start-up agreement, preemption flag and metric averaging then run through it.
 """
 import os
+import time
 
 import pytest
 import torch
@@ -87,6 +88,7 @@ def _worker(rank, port):
     torch.cuda.current_device = lambda: rank  # what accelerate's set_device leaves on a 2-GPU node
     tdist.all_reduce = _nccl_like(tdist.all_reduce, seen)
     try:
+        from train.cpu_clock import CpuClock
         from train.record import make_record
         from train.trainer_state import TrainerState
 
@@ -104,6 +106,14 @@ def _worker(rank, port):
                                  step_time=1.0, skipped=0)
             assert record["loss"] == pytest.approx(2.5) and record["video_loss"] == pytest.approx(0.5)
             assert dist.mean_across_ranks({"a": float(rank)}) == {"a": pytest.approx(0.5)}
+            assert dist.sum_across_ranks({"a": float(rank) + 1}) == {"a": 3.0}
+            # the CPU clock adds every rank's seconds: rank 0 spends 0.1 s, rank 1 1.0 s, each reads >= 1.1
+            state = TrainerState()
+            clock = CpuClock(state)
+            start = time.process_time()
+            while time.process_time() - start < (0.1, 1.0)[rank]:
+                pass
+            assert clock.update() >= 1.1 and state.cpu_seconds >= 1.1
         assert seen and all(d == torch.device("cuda", rank) for d in seen), seen
     finally:
         tdist.get_backend = real_backend

@@ -79,6 +79,25 @@ def test_resume_is_bit_identical(runs, name):
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
+def test_the_cpu_clock_goes_on_across_a_resume(runs, name):
+    """Training's CPU seconds (train/cpu_clock.py) grow with every record; the step-3 save holds the
+    count up to its step, read after the record; the resumed run goes on from it."""
+    tmp, out = runs
+    d = run_dir(tmp, name)
+    rewound = [p for p in os.listdir(d) if "rewound" in p][0]
+    with open(os.path.join(d, rewound)) as f:
+        uninterrupted = [json.loads(line) for line in f]  # steps 4-6 of the run that was not stopped
+    with open(os.path.join(d, "checkpoint_step_3", "trainer_state.json")) as f:
+        saved = json.load(f)
+    resumed = out[f"{name}_resumed"]
+    for records in (resumed, uninterrupted):
+        clock = [r["cpu_seconds"] for r in records]
+        assert clock[0] > 0 and all(b > a for a, b in zip(clock, clock[1:])), clock
+    assert saved["cpu_seconds_since_step"] == 0 and "cpu_seconds_since_step" not in resumed[-1]
+    assert resumed[2]["cpu_seconds"] <= saved["cpu_seconds"] < resumed[3]["cpu_seconds"]
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
 def test_ema_matches_a_recomputation_from_the_raw_weights(runs, name):
     """The EMA the ranks kept in their ZeRO partitions (reassembled by name from every rank's file)
     against 0.1 * w3 + 0.9 * w6 from the raw weights saved at steps 3 and 6, in float64."""

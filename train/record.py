@@ -16,6 +16,9 @@ def make_record(*, step: int, loss_sum: Mapping[str, float | torch.Tensor], grad
               "grad_norm": float(grad_norm),
               "lr": {g.get("name", str(i)): lr for i, (g, lr) in enumerate(zip(param_groups, lrs))},
               "samples_per_sec": samples_per_sec, "step_time": step_time, "samples_seen": state.samples_seen,
-              "skipped_samples": skipped, "skipped_nonfinite_steps": state.skipped_nonfinite_steps}
+              "skipped_samples": skipped, "skipped_nonfinite_steps": state.skipped_nonfinite_steps,
+              "cpu_seconds": state.cpu_seconds}
+    if state.cpu_seconds_since_step:  # resumed from a checkpoint saved before the clock: counted from there
+        record["cpu_seconds_since_step"] = state.cpu_seconds_since_step
     record.update({f"val_{k}": v for k, v in (val or {}).items()})
     return record

@@ -28,6 +28,7 @@ from checkpoint.checkpointer import Checkpointer  # noqa: E402
 from checkpoint.files import CONFIG_YAML, ENGINE_DIR  # noqa: E402
 from models.folder import NORM_STATS  # noqa: E402
 from checkpoint.state import Document, PerRank, RandomState, Registry, Shared, Stateful  # noqa: E402
+from train.cpu_clock import CpuClock  # noqa: E402
 from recipe.config import config_stem, load_config, save_config  # noqa: E402
 from train.evaluation import Evaluator  # noqa: E402
 from train.launch_checks import check_launch  # noqa: E402
@@ -176,6 +177,8 @@ class Training:
     """Closed-loop evaluation of saved checkpoints beside training (rank 0; a no-op without evaluation.task)."""
     samples_per_step: int
     """Samples of one optimizer update over every rank."""
+    clock: CpuClock
+    """Training's CPU seconds over every rank, into `state` at each record and save."""
 
 
 @dataclass
@@ -252,7 +255,8 @@ def setup(args: argparse.Namespace) -> Training:
     t = cfg.training
     return Training(cfg, run_dir, engine, encoders, stream, build_val_loader(val_set, cfg, dist.rank(), world_size),
                     stats, schedule, state, guard, checkpointer, metrics, evaluator,
-                    samples_per_step=t.batch_size * t.gradient_accumulation_steps * world_size)
+                    samples_per_step=t.batch_size * t.gradient_accumulation_steps * world_size,
+                    clock=CpuClock(state))  # last: start-up and the restore are not training
 
 
 def train_step(t: Training, step: int) -> StepOutput:
@@ -281,6 +285,7 @@ def log_step(t: Training, step: int, out: StepOutput, window: Window, last: bool
     if not (step % cfg.system.log_interval == 0 or val is not None or last):
         return window
     elapsed = time.perf_counter() - window.start
+    t.clock.update()
     record = make_record(step=step, loss_sum=out.losses, grad_norm=out.grad_norm, param_groups=t.engine.param_groups,
                          lrs=out.lrs, val=val, state=t.state,
                          samples_per_sec=t.samples_per_step * window.steps / elapsed,
@@ -310,6 +315,8 @@ def train(t: Training, preemption: PreemptionFlag) -> int:
             window = log_step(t, step, out, window, last)
             t.guard.check()  # too many non-finite steps in a row: stop without saving
             preempted = step % cfg.system.log_interval == 0 and dist.any_rank(preemption.requested)
+            if t.checkpointer.due(step, last, preempted):
+                t.clock.update()  # the checkpoint's trainer_state.json holds the CPU seconds up to its step
             saved = t.checkpointer.maybe_save(step, last, preempted)
             watchdog.progress()  # once a step: re-arming starts a thread (~0.2 ms)
             if saved is not None:

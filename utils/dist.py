@@ -99,10 +99,21 @@ def any_rank(flag: bool | torch.Tensor, device: torch.device | str | None = None
     return bool(t.item() > 0)
 
 
+def sum_across_ranks(values: Mapping[str, float | torch.Tensor],
+                     device: torch.device | str | None = None) -> dict[str, float]:
+    """Sum a dict of floats or 0-d tensors over ranks (every rank calls it, every rank gets the
+    result as floats): one all-reduce and one read-back to the host for the whole dict."""
+    return _reduce(values, device, mean=False)
+
+
 def mean_across_ranks(values: Mapping[str, float | torch.Tensor],
                       device: torch.device | str | None = None) -> dict[str, float]:
-    """Average a dict of floats or 0-d tensors over ranks (every rank calls it, every rank gets the
-    result as floats): one all-reduce and one read-back to the host for the whole dict."""
+    """Average a dict of floats or 0-d tensors over ranks, as `sum_across_ranks`."""
+    return _reduce(values, device, mean=True)
+
+
+def _reduce(values: Mapping[str, float | torch.Tensor], device: torch.device | str | None,
+            mean: bool) -> dict[str, float]:
     if not values:
         return {}
     keys, device = sorted(values), device or collective_device()
@@ -111,7 +122,8 @@ def mean_across_ranks(values: Mapping[str, float | torch.Tensor],
                      for v in (values[k] for k in keys)])
     if tdist.is_initialized():
         tdist.all_reduce(t)
-        t /= tdist.get_world_size()
+        if mean:
+            t /= tdist.get_world_size()
     return dict(zip(keys, t.tolist()))
 
 
