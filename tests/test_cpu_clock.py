@@ -25,14 +25,14 @@ def test_the_session_s_children_count_and_a_rollout_s_do_not():
     worker, rollout = burner(0.5, new_session=False), burner(0.5, new_session=True)
     try:
         readings = clock.readings()
-        assert readings[worker.pid] >= 0.5  # the child's own clock said 0.5 s, at least
+        assert readings[worker.pid] >= 0.45  # the child's own clock said 0.5 s; /proc counts in clock ticks
         assert rollout.pid not in readings
         before = clock.seconds()
     finally:
         for child in (worker, rollout):
             child.communicate("")
     # the exited worker keeps its last reading: the total never goes back
-    assert clock.readings()[worker.pid] >= 0.5 and clock.seconds() >= before
+    assert clock.readings()[worker.pid] >= 0.45 and clock.seconds() >= before
 
 
 def test_update_adds_the_seconds_spent_since_the_last_reading():
@@ -42,7 +42,8 @@ def test_update_adds_the_seconds_spent_since_the_last_reading():
     while time.process_time() - start < 0.3:
         pass
     first = clock.update()
-    assert first == state.cpu_seconds and 100.3 <= first < 100.3 + 5  # 5 s: far more than this test's overhead
+    # /proc counts in clock ticks: 0.05 s of margin below; 5 s above, far more than this test's overhead
+    assert first == state.cpu_seconds and 100.25 <= first < 100.3 + 5
     assert clock.update() >= first
 
 
